@@ -1,0 +1,22 @@
+"""Datasets: raw formats -> validated examples -> token ids -> padded batches."""
+
+from olingo.dataset.collator import PreferenceCollator
+from olingo.dataset.errors import DataError
+from olingo.dataset.loading import load_raw_rows
+from olingo.dataset.preference import (
+    PreferenceExample,
+    parse_preference_row,
+    tokenize_preference,
+)
+from olingo.dataset.preference_dataset import PreferenceDataset, build_preference_dataset
+
+__all__ = [
+    "DataError",
+    "PreferenceCollator",
+    "PreferenceDataset",
+    "PreferenceExample",
+    "build_preference_dataset",
+    "load_raw_rows",
+    "parse_preference_row",
+    "tokenize_preference",
+]

@@ -1,0 +1,23 @@
+"""Models: loading from Hugging Face directories, `RewardModel`, losses."""
+
+from olingo.models.loading import (
+    load_backbone,
+    load_causal_lm,
+    load_safetensors_into,
+    load_tokenizer,
+)
+from olingo.models.loss import LogExpLoss, LogSigLoss
+from olingo.models.reward_model import RewardModel
+from olingo.models.utils import last_attended_index, position_ids_from_mask
+
+__all__ = [
+    "LogExpLoss",
+    "LogSigLoss",
+    "RewardModel",
+    "last_attended_index",
+    "load_backbone",
+    "load_causal_lm",
+    "load_safetensors_into",
+    "load_tokenizer",
+    "position_ids_from_mask",
+]

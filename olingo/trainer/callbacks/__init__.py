@@ -2,7 +2,11 @@
 
 from olingo.trainer.callbacks.base import Callback
 from olingo.trainer.callbacks.dispatch import dispatch
-from olingo.trainer.callbacks.registry import build_callback, register_callback, registered_callbacks
+from olingo.trainer.callbacks.registry import (
+    build_callback,
+    register_callback,
+    registered_callbacks,
+)
 from olingo.trainer.callbacks.state import LogContext, LoopArtifacts, LoopState, ManifestRow
 
 __all__ = [

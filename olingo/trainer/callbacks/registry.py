@@ -61,7 +61,7 @@ def registered_callbacks() -> dict[str, type[Callback]]:
 def _params_model(cls: type[Callback]) -> type[pydantic.BaseModel]:
     """A strict pydantic model mirroring `cls.__init__`'s keyword parameters."""
     fields: dict[str, Any] = {}
-    for pname, param in inspect.signature(cls.__init__).parameters.items():
+    for pname, param in inspect.signature(cls.__init__, eval_str=True).parameters.items():
         if pname == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation

@@ -4,6 +4,10 @@ Step numbering, everywhere in olingo: `step` counts *completed optimizer steps*.
 optimizer step is step 1; `on_step_end(state, 1, ...)` fires after it; the metrics row of that
 step has `"step": 1`; a checkpoint taken after it is named `step_1`; a run resumed from it starts
 with `state.step == 1`.
+
+A checkpoint at step N is taken before the evaluations due at step N, so a run resumed from it
+runs those evaluations again: loggers keep train rows up to N and eval rows before N
+(`kept_on_resume`).
 """
 
 from __future__ import annotations
@@ -71,3 +75,8 @@ class LogContext:
     run_config: dict[str, Any] | None = None
     output_dir: Path | None = None
     ids: dict[str, Any] = field(default_factory=dict)  # ids loggers create and share
+
+
+def kept_on_resume(step: int, split: str, resume_step: int) -> bool:
+    """Whether a logged row survives resuming at `resume_step` (see the module docstring)."""
+    return step < resume_step or (step == resume_step and split == "train")

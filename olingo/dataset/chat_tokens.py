@@ -1,0 +1,77 @@
+"""Token ids for a prompt + response conversation through the tokenizer's own chat template.
+
+The chat template decides every special token (bos, turn markers, eos), so nothing here
+adds special tokens of its own: ``apply_chat_template`` tokenises the rendered text with
+``add_special_tokens=False``, which keeps the template's bos from being doubled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from olingo.dataset.messages import Message
+
+
+def encode_chat(
+    tokenizer: Any, messages: list[Message], *, add_generation_prompt: bool = False
+) -> list[int]:
+    """Token ids of ``messages`` rendered by the tokenizer's chat template."""
+    encoded = tokenizer.apply_chat_template(
+        messages,
+        tokenize=True,
+        add_generation_prompt=add_generation_prompt,
+        return_dict=False,
+    )
+    return _as_id_list(encoded)
+
+
+def _as_id_list(encoded: Any) -> list[int]:
+    """A flat list of ints from whatever apply_chat_template returned.
+
+    transformers 5 returns a BatchEncoding unless ``return_dict=False`` (4.x returned a
+    list); accept both, and tensors, so a custom tokenizer wrapper cannot surprise us.
+    """
+    if isinstance(encoded, Mapping):
+        encoded = encoded["input_ids"]
+    if hasattr(encoded, "tolist"):
+        encoded = encoded.tolist()
+    return [int(token) for token in encoded]
+
+
+def split_prompt_response(
+    tokenizer: Any, prompt: list[Message], response: list[Message]
+) -> tuple[list[int], list[int]]:
+    """Tokenise ``prompt + response`` once and split it into (prompt ids, response ids).
+
+    The prompt part is the prompt rendered with the generation prompt (the header that
+    opens an assistant turn), which is normally an exact token prefix of the whole
+    conversation. When it is not (a template that renders its generation prompt unlike
+    an assistant turn's opening, or a tokenizer merging text across the boundary), the
+    response starts where the two token lists first differ: the response then absorbs
+    the differing header tokens, so its length is over- rather than under-counted.
+    """
+    prompt_ids = encode_chat(tokenizer, prompt, add_generation_prompt=True)
+    full_ids = encode_chat(tokenizer, prompt + response)
+    cut = common_prefix_length(prompt_ids, full_ids)
+    return full_ids[:cut], full_ids[cut:]
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """Number of leading positions where ``a`` and ``b`` hold the same token."""
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+def left_truncate(prompt_ids: list[int], response_ids: list[int], max_length: int) -> list[int]:
+    """``prompt_ids + response_ids``, dropping tokens from the start to fit ``max_length``.
+
+    The end is what matters: the reward model scores the last token and the policy is
+    trained on the response, so the prompt's beginning is what gets cut.
+    """
+    ids = prompt_ids + response_ids
+    return ids[-max_length:] if len(ids) > max_length else ids

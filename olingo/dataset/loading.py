@@ -1,0 +1,171 @@
+"""Read raw rows (plain dicts) from local files, saved datasets or the Hugging Face Hub.
+
+Every row comes with its 1-based row number so later errors can point at it: the line
+number for JSONL (blank lines count, as in an editor), the element index + 1 otherwise.
+
+Source kinds, chosen by what ``source`` names:
+
+- ``*.jsonl``: one JSON object per line, parsed here line by line; blank lines are skipped.
+- ``*.json``: a list of objects, or an object holding that list under the key ``split``
+  (when given) or else under ``"data"`` or ``"train"``.
+- ``*.parquet``: read with ``datasets``; ``split`` does not apply to a single file.
+- a directory written by ``datasets.Dataset.save_to_disk`` (or ``DatasetDict``, then
+  ``split`` picks the split, default ``"train"``).
+- anything else: ``datasets.load_dataset(source, split=split or "train")``, which covers
+  Hub dataset ids and local directories of data files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from olingo.dataset.errors import DataError, type_name
+
+RawRow = tuple[int, dict[str, Any]]
+# A row, or the error that row produced: lets callers skip bad rows and keep reading.
+RowOrError = tuple[int, dict[str, Any] | DataError]
+
+_JSON_LIST_KEYS = ("data", "train")
+
+# `datasets` is imported inside the functions that use it: importing it takes about a
+# second, and JSON/JSONL users never need it.
+
+
+def load_raw_rows(source: str, split: str | None = None) -> Iterator[RawRow]:
+    """Yield ``(row_number, row_dict)`` for every row of ``source``.
+
+    Raises DataError at once for a source that cannot be read and, when iteration
+    reaches it, for the first row that is not a JSON object (or not valid JSON).
+    """
+    return _raise_row_errors(iter_rows_or_errors(source, split))
+
+
+def _raise_row_errors(rows: Iterator[RowOrError]) -> Iterator[RawRow]:
+    """Pass rows through, raising the first row-level error instead of yielding it."""
+    for row, value in rows:
+        if isinstance(value, DataError):
+            raise value
+        yield row, value
+
+
+def iter_rows_or_errors(source: str, split: str | None = None) -> Iterator[RowOrError]:
+    """Like load_raw_rows, but a row-level error is yielded in place of its row.
+
+    Whole-source problems (missing file, unreadable JSON document, unknown split) still
+    raise, and they do so at once rather than on the first ``next``.
+    """
+    path = Path(source).expanduser()
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".parquet") and not path.is_file():
+        raise DataError(source, None, None, "no such file")
+    if suffix == ".jsonl":
+        return _jsonl_rows(source, path)
+    if suffix == ".json":
+        return _check_objects(source, _json_document_rows(source, path, split))
+    if suffix == ".parquet":
+        return _check_objects(source, enumerate(_load_parquet(source, path), start=1))
+    if path.is_dir() and _is_saved_dataset(path):
+        return _check_objects(source, enumerate(_load_saved(source, path, split), start=1))
+    return _check_objects(source, enumerate(_load_with_datasets(source, split), start=1))
+
+
+def _jsonl_rows(source: str, path: Path) -> Iterator[RowOrError]:
+    """Parse a JSONL file one line at a time so a bad line reports its own line number."""
+    with path.open(encoding="utf-8") as lines:
+        for line_number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line.rstrip("\r\n"))
+            except json.JSONDecodeError as exc:
+                reason = f"invalid JSON: {exc.msg} at column {exc.pos + 1}"
+                yield line_number, DataError(source, line_number, None, reason)
+                continue
+            yield line_number, _as_object(source, line_number, value)
+
+
+def _json_document_rows(source: str, path: Path, split: str | None) -> Iterator[tuple[int, Any]]:
+    """Read a whole ``.json`` document and enumerate the list of rows it holds."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        # Rows are list elements here, so a syntax error has no row yet: name the line.
+        reason = f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        raise DataError(source, None, None, reason) from exc
+    return enumerate(_row_list(source, document, split), start=1)
+
+
+def _row_list(source: str, document: Any, split: str | None) -> list[Any]:
+    """The list of rows in a JSON document: the document itself or one of its keys."""
+    if isinstance(document, list):
+        return document
+    keys = (split,) if split else _JSON_LIST_KEYS
+    if isinstance(document, dict):
+        for key in keys:
+            if isinstance(document.get(key), list):
+                return document[key]
+    wanted = " or ".join(f"'{key}'" for key in keys)
+    reason = f"expected a list of rows or an object with a list under {wanted}, got {type_name(document)}"
+    if isinstance(document, dict):
+        reason += f" with keys {sorted(document)}"
+    raise DataError(source, None, None, reason)
+
+
+def _check_objects(source: str, rows: Iterable[tuple[int, Any]]) -> Iterator[RowOrError]:
+    """Pass dict rows through and turn any other value into a row-level DataError."""
+    for row, value in rows:
+        yield row, _as_object(source, row, value)
+
+
+def _as_object(source: str, row: int, value: Any) -> dict[str, Any] | DataError:
+    """The row itself when it is a JSON object, else the error describing it."""
+    if isinstance(value, dict):
+        return value
+    return DataError(source, row, None, f"expected a JSON object, got {type_name(value)}")
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    """Whether ``path`` was written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``."""
+    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+def _load_parquet(source: str, path: Path) -> Any:
+    """A ``datasets.Dataset`` over one Parquet file."""
+    import datasets
+
+    try:
+        return datasets.load_dataset("parquet", data_files=str(path), split="train")
+    except (OSError, ValueError) as exc:
+        raise DataError(source, None, None, f"cannot read Parquet file: {exc}") from exc
+
+
+def _load_saved(source: str, path: Path, split: str | None) -> Any:
+    """A dataset saved with ``save_to_disk``; for a DatasetDict, its ``split`` (default train)."""
+    import datasets
+
+    loaded = datasets.load_from_disk(str(path))
+    if not isinstance(loaded, datasets.DatasetDict):
+        return loaded
+    name = split or "train"
+    if name not in loaded:
+        raise DataError(source, None, None, f"no split '{name}'; the splits are {sorted(loaded)}")
+    return loaded[name]
+
+
+def _load_with_datasets(source: str, split: str | None) -> Any:
+    """``datasets.load_dataset(source)``: a Hub id, or a local directory of data files."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(source, split=split or "train")
+    except (OSError, ValueError) as exc:
+        # DatasetNotFoundError and the offline/connection errors are OSErrors; a wrong
+        # split is a ValueError. Say plainly that the name was not a local file either.
+        reason = (
+            "not a .jsonl/.json/.parquet file or a saved dataset directory, and "
+            f"datasets.load_dataset could not load it: {exc}"
+        )
+        raise DataError(source, None, None, reason) from exc

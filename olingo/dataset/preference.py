@@ -1,0 +1,187 @@
+"""Preference rows (a prompt, a chosen and a rejected response): parse, validate, tokenise.
+
+Accepted row formats, told apart by their keys:
+
+(a) ``{"prompt": str, "chosen": str, "rejected": str}``;
+(b) TRL's conversational rows: ``prompt``, ``chosen`` and ``rejected`` as lists of
+    ``{"role", "content"}`` messages (a string in any of them is one message); without
+    ``prompt``, chosen and rejected are full conversations and their shared opening turns
+    are the prompt (TRL's implicit prompt);
+(c) ColossalChat's rows: ``context`` holds the prompt as ``{"from", "content"}`` messages
+    (from: human/user, gpt/assistant, system), ``chosen``/``rejected`` the responses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from jinja2.exceptions import TemplateError
+
+from olingo.dataset.chat_tokens import left_truncate, split_prompt_response
+from olingo.dataset.messages import Message, RowRef, missing_reason, parse_turns
+
+_RESPONSE_SIDES = ("chosen", "rejected")
+
+
+@dataclass(frozen=True)
+class PreferenceExample:
+    """One validated preference pair as role/content messages.
+
+    ``source`` and ``row`` say where it came from, so a later error (at tokenisation)
+    still names the row; they do not take part in equality.
+    """
+
+    prompt: list[Message]
+    chosen: list[Message]
+    rejected: list[Message]
+    source: str | None = field(default=None, compare=False)
+    row: int | None = field(default=None, compare=False)
+
+
+def parse_preference_row(
+    raw: dict[str, Any], source: str = "<data>", row: int | None = None
+) -> PreferenceExample:
+    """Validate one raw row in any accepted format and normalise it.
+
+    Raises DataError naming ``source``, ``row`` and the field for a missing field, a
+    wrong type, an unknown role, an empty response or a response that does not start
+    with an assistant turn.
+    """
+    ref = RowRef(source, row)
+    # None counts as absent: Arrow-backed sources fill a column that other rows lack with None.
+    if raw.get("context") is not None:
+        prompt, chosen, rejected = _parse_with_prompt(
+            raw, ref, prompt_key="context", role_key="from"
+        )
+    elif raw.get("prompt") is not None:
+        prompt, chosen, rejected = _parse_with_prompt(
+            raw, ref, prompt_key="prompt", role_key="role"
+        )
+    else:
+        prompt, chosen, rejected = _parse_implicit(raw, ref)
+    return PreferenceExample(prompt, chosen, rejected, source=source, row=row)
+
+
+def _require(raw: dict[str, Any], key: str, ref: RowRef) -> Any:
+    """``raw[key]``, or a DataError saying it is missing."""
+    value = raw.get(key)
+    if value is None:
+        raise ref.error(key, missing_reason(raw))
+    return value
+
+
+def _parse_with_prompt(
+    raw: dict[str, Any], ref: RowRef, *, prompt_key: str, role_key: str
+) -> tuple[list[Message], ...]:
+    """A row that carries its prompt: (a)/(b) under "prompt", (c) under "context"."""
+    prompt = parse_turns(raw[prompt_key], prompt_key, ref, role_key=role_key, string_role="user")
+    responses = []
+    for side in _RESPONSE_SIDES:
+        value = _require(raw, side, ref)
+        turns = parse_turns(value, side, ref, role_key=role_key, string_role="assistant")
+        _check_response(turns, side, ref, role_key=role_key, first_index=_index_of(value))
+        responses.append(turns)
+    return prompt, *responses
+
+
+def _parse_implicit(raw: dict[str, Any], ref: RowRef) -> tuple[list[Message], ...]:
+    """Format (b) without ``prompt``: the shared opening turns of two full conversations."""
+    chosen_raw, rejected_raw = _require(raw, "chosen", ref), _require(raw, "rejected", ref)
+    if isinstance(chosen_raw, str) or isinstance(rejected_raw, str):
+        reason = f"{missing_reason(raw)}; without it chosen and rejected must be full conversations"
+        raise ref.error("prompt", reason)
+    chosen = parse_turns(chosen_raw, "chosen", ref, role_key="role", string_role="assistant")
+    rejected = parse_turns(rejected_raw, "rejected", ref, role_key="role", string_role="assistant")
+    shared = implicit_prompt_length(chosen, rejected)
+    if shared == 0:
+        reason = "missing, and chosen and rejected do not open with a shared user or system turn"
+        raise ref.error("prompt", reason)
+    for side, turns in (("chosen", chosen), ("rejected", rejected)):
+        _check_response(turns[shared:], side, ref, role_key="role", first_index=shared)
+    return chosen[:shared], chosen[shared:], rejected[shared:]
+
+
+def implicit_prompt_length(chosen: list[Message], rejected: list[Message]) -> int:
+    """How many opening messages two full conversations share as their prompt.
+
+    The longest common run of messages, shortened until it ends on a non-assistant turn:
+    a response must open with an assistant turn, so a shared assistant turn right before
+    the point of difference belongs to both responses (as in TRL's ``extract_prompt``).
+    """
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    while shared > 0 and chosen[shared - 1]["role"] == "assistant":
+        shared -= 1
+    return shared
+
+
+def _index_of(value: Any) -> int | None:
+    """0 for a raw message list, None for a plain string (its field has no index)."""
+    return None if isinstance(value, str) else 0
+
+
+def _check_response(
+    turns: list[Message], side: str, ref: RowRef, *, role_key: str, first_index: int | None
+) -> None:
+    """A response must exist, open with an assistant turn and say something in each turn.
+
+    ``first_index`` is the raw list position of ``turns[0]`` (so field names match the
+    file), or None when the raw response was a plain string.
+    """
+    if not turns:
+        raise ref.error(side, "no response turns after the prompt")
+
+    def where(i: int, key: str) -> str:
+        return side if first_index is None else f"{side}[{first_index + i}].{key}"
+
+    if turns[0]["role"] != "assistant":
+        reason = f"a response must start with an assistant turn, got '{turns[0]['role']}'"
+        raise ref.error(where(0, role_key), reason)
+    for i, turn in enumerate(turns):
+        if turn["role"] == "assistant" and not turn["content"].strip():
+            raise ref.error(where(i, "content"), "empty response (blank or whitespace only)")
+
+
+def tokenize_preference(
+    example: PreferenceExample, tokenizer: Any, max_length: int
+) -> dict[str, list[int]]:
+    """``chosen_input_ids`` and ``rejected_input_ids`` for ``example``, each at most ``max_length``.
+
+    Each side is the tokenizer's chat template applied to prompt + response. A side
+    longer than ``max_length`` loses tokens from its start (the prompt's beginning); a
+    response that alone exceeds ``max_length`` cannot fit and raises DataError naming
+    the side.
+    """
+    ref = RowRef(example.source or "<data>", example.row)
+    return {
+        f"{side}_input_ids": _tokenize_side(
+            example.prompt, getattr(example, side), side, tokenizer, max_length, ref
+        )
+        for side in _RESPONSE_SIDES
+    }
+
+
+def _tokenize_side(
+    prompt: list[Message],
+    response: list[Message],
+    side: str,
+    tokenizer: Any,
+    max_length: int,
+    ref: RowRef,
+) -> list[int]:
+    """Token ids of prompt + one response, left-truncated to ``max_length``."""
+    try:
+        prompt_ids, response_ids = split_prompt_response(tokenizer, prompt, response)
+    except TemplateError as exc:
+        # Templates reject some conversations themselves (e.g. a system turn, or roles
+        # that do not alternate) with raise_exception: that is a data problem too.
+        raise ref.error(side, f"the chat template rejected this conversation: {exc}") from exc
+    if len(response_ids) > max_length:
+        reason = (
+            f"the response alone is {len(response_ids)} tokens, more than max_length={max_length} "
+            f"(the prompt before it is {len(prompt_ids)} tokens); cutting the prompt cannot make it fit"
+        )
+        raise ref.error(side, reason)
+    return left_truncate(prompt_ids, response_ids, max_length)

@@ -1,0 +1,24 @@
+"""Small pure tensor helpers shared by reward models, critics and trainers."""
+
+from __future__ import annotations
+
+import torch
+
+
+def last_attended_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last position whose mask is 1, per row; works for left and right padding.
+
+    attention_mask: (B, L) of 0/1. Returns (B,) long. A row of all zeros returns L - 1 (it
+    should never happen: the dataset refuses empty rows).
+    """
+    length = attention_mask.shape[-1]
+    return length - 1 - attention_mask.flip(-1).long().argmax(dim=-1)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over attended tokens only: (B, L) long.
+
+    With left padding, a row's first real token must still be position 0, exactly as with
+    right padding, so that a sequence gets the same outputs whichever side it is padded on.
+    """
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)

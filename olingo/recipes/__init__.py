@@ -1,0 +1,1 @@
+"""Recipes: one typed config and one `run_*` function per CLI stage, readable top to bottom."""

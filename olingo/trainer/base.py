@@ -1,0 +1,325 @@
+"""`SLTrainer`: the supervised loop skeleton shared by SFT and reward-model training.
+
+The loop, as the hooks see it (docs/callbacks.md has the full order):
+
+    on_train_start(state)
+    for epoch in start_epoch .. max_epochs-1:
+        for each group of `accumulation_steps` micro-batches:
+            forward + backward (loss / group size), no gradient sync until the last micro-batch
+            optimizer step (grad-norm, clipping), scheduler step          -> state.step += 1
+            metrics row written, on_step_end(state, step, batch, metrics)
+            checkpoint when step % save_interval == 0                      -> on_checkpoint
+            evaluation when step % eval_interval == 0                      -> on_eval
+            stop here when a callback called state.request_stop()
+        evaluation at the end of the epoch                                -> on_eval
+    final checkpoint                                                      -> on_checkpoint
+    on_train_end(state, artifacts)     (also when training raised)
+
+Subclasses supply `_forward_backward` (one micro-batch) and `_evaluate` (one eval pass); the
+skeleton owns counting, checkpoints, resume and hook firing, so every trainer gets them right.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from olingo.booster import Booster, OptimizerWrapper, Plugin
+from olingo.cluster import DistCoordinator
+from olingo.dataset.sampler import ResumableSampler
+from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
+from olingo.trainer.checkpoint import CheckpointManager
+from olingo.trainer.utils import optimizer_steps_per_epoch, rng_state, set_rng_state
+
+logger = logging.getLogger("olingo.trainer")
+
+
+class SLTrainer(ABC):
+    """Supervised trainer base: epochs of micro-batches, accumulation, hooks, checkpoints."""
+
+    def __init__(
+        self,
+        booster: Booster,
+        max_epochs: int,
+        model: torch.nn.Module,
+        optimizer: OptimizerWrapper,
+        plugin: Plugin,
+        lr_scheduler: Any,
+        start_epoch: int = 0,
+        accumulation_steps: int = 1,
+        save_interval: int = 0,
+        save_dir: str | None = None,
+        coordinator: DistCoordinator | None = None,
+        callbacks: Sequence[Callback] = (),
+        eval_interval: int = 0,
+    ) -> None:
+        if accumulation_steps < 1:
+            raise ValueError("accumulation_steps must be >= 1")
+        if not isinstance(optimizer, OptimizerWrapper):
+            raise TypeError("pass the optimizer returned by booster.boost(...), not the raw torch optimizer")
+        self.booster = booster
+        self.plugin = plugin
+        self.max_epochs = max_epochs
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.start_epoch = start_epoch
+        self.accumulation_steps = accumulation_steps
+        self.save_interval = save_interval
+        self.save_dir = Path(save_dir) if save_dir else None
+        self.coordinator = coordinator or plugin.coordinator
+        self.callbacks: list[Callback] = list(callbacks)
+        self.eval_interval = eval_interval
+        self.show_progress = True
+        self.run_config: dict[str, Any] | None = None  # recorded by loggers when set
+        self.state = LoopState(is_master=self.coordinator.is_master)
+        self.train_dataloader: DataLoader | None = None
+        self.eval_dataloader: DataLoader | None = None
+        self._resume_position: tuple[int, int] | None = None  # (epoch, batches consumed)
+        self._pending_callback_states: dict[str, Any] = {}
+        self._saved_rows: list[ManifestRow] = []
+        self.last_eval_metrics: dict[str, float] | None = None
+
+    # ---- what a concrete trainer supplies ------------------------------------------------
+    @abstractmethod
+    def _forward_backward(self, batch: dict[str, torch.Tensor], loss_scale: float) -> dict[str, torch.Tensor]:
+        """Forward one micro-batch, backward `loss * loss_scale`; return detached scalar stats."""
+
+    @abstractmethod
+    def _evaluate(self) -> dict[str, float]:
+        """One pass over `self.eval_dataloader`; metrics without the `eval/` prefix."""
+
+    def add_callback(self, callback: Callback) -> None:
+        self.callbacks.append(callback)
+
+    # ---- the loop -------------------------------------------------------------------------
+    def _run(self, log_dir: str | None, use_wandb: bool) -> LoopArtifacts:
+        """Run the loop over `self.train_dataloader` (set by the subclass's `_before_fit`)."""
+        if self.train_dataloader is None:
+            raise ValueError("fit() needs a training dataloader")
+        if not isinstance(self.train_dataloader.sampler, ResumableSampler):
+            raise TypeError("build dataloaders with plugin.prepare_dataloader(...) so they shard and resume")
+        run_dir = Path(log_dir) if log_dir else self.save_dir
+        self._install_default_callbacks(run_dir, use_wandb)
+        self._restore_callback_states()
+        state = self.state
+        state.output_dir, state.config = run_dir, self.run_config
+        state.num_steps = self.max_epochs * self._steps_per_epoch()
+        first_epoch, consumed = self._resume_position or (self.start_epoch, 0)
+        if self._resume_position is None:
+            state.step = self.start_epoch * self._steps_per_epoch()
+        t0, error = time.time(), None
+        dispatch(self.callbacks, "on_train_start", state)
+        try:
+            for epoch in range(first_epoch, self.max_epochs):
+                state.epoch = epoch
+                self._train_epoch(epoch, consumed)
+                consumed = 0
+                if state.stop_requested:
+                    break
+                self._eval(epoch)
+            self._save_checkpoint("final")
+        except BaseException as err:
+            error = err
+            raise
+        finally:
+            artifacts = LoopArtifacts(
+                run_dir=run_dir,
+                manifest_path=self._checkpoints().manifest_path if self.save_dir else None,
+                checkpoints=list(self._saved_rows),
+                requested_steps=state.num_steps,
+                completed_steps=state.step,
+                train_seconds=time.time() - t0,
+                stopped_early=state.stop_requested,
+                error=error,
+            )
+            dispatch(self.callbacks, "on_train_end", state, artifacts)
+        return artifacts
+
+    def _train_epoch(self, epoch: int, consumed: int) -> None:
+        """Micro-batches of one epoch, starting after `consumed` batches (mid-epoch resume)."""
+        loader = self.train_dataloader
+        sampler: ResumableSampler = loader.sampler  # type: ignore[assignment]
+        sampler.set_epoch(epoch, start=consumed * self._global_batch_size())
+        num_batches = self._batches_per_epoch()
+        self.model.train()
+        group: list[dict[str, torch.Tensor]] = []
+        for index, batch in enumerate(loader, start=consumed):
+            first = (index // self.accumulation_steps) * self.accumulation_steps
+            group_size = min(self.accumulation_steps, num_batches - first)
+            last_of_group = index - first == group_size - 1
+            with nullcontext() if last_of_group else self.booster.no_sync(self.model, self.optimizer):
+                group.append(self._forward_backward(self._to_device(batch), 1.0 / group_size))
+            if not last_of_group:
+                continue
+            metrics = self._optimizer_step(group)
+            group = []
+            self.state.extra["batches_consumed"] = index + 1
+            self._after_step(batch, metrics)
+            if self.state.stop_requested:
+                return
+
+    def _optimizer_step(self, group: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+        """Step optimizer and scheduler; average the micro-batch stats over the group and ranks."""
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.state.step += 1
+        names = list(group[0])
+        stats = torch.stack([torch.stack([micro[n].float() for n in names]) for micro in group]).mean(0)
+        stats = self.plugin.all_reduce_mean(stats).tolist()
+        metrics = {f"train/{n}": v for n, v in zip(names, stats, strict=True)}
+        metrics["train/lr"] = lr
+        metrics["train/grad_norm"] = self.optimizer.grad_norm
+        return metrics
+
+    def _after_step(self, batch: Any, metrics: dict[str, float]) -> None:
+        step = self.state.step
+        dispatch(self.callbacks, "on_step_end", self.state, step, batch, metrics)
+        if self.save_interval and step % self.save_interval == 0:
+            self._save_checkpoint(f"step_{step}")
+        if self.eval_interval and step % self.eval_interval == 0:
+            self._run_eval()
+
+    def _eval(self, epoch: int) -> None:
+        """End-of-epoch evaluation; writes `eval/epoch_<epoch>.json` in the run directory."""
+        metrics = self._run_eval()
+        if metrics is not None and self.state.output_dir and self.coordinator.is_master:
+            out = self.state.output_dir / "eval"
+            out.mkdir(parents=True, exist_ok=True)
+            record = {"epoch": epoch, "step": self.state.step, "metrics": metrics}
+            (out / f"epoch_{epoch}.json").write_text(json.dumps(record, indent=2) + "\n")
+
+    def _run_eval(self) -> dict[str, float] | None:
+        if self.eval_dataloader is None:
+            return None
+        self.model.eval()
+        with torch.no_grad():
+            metrics = {f"eval/{k}": v for k, v in self._evaluate().items()}
+        self.model.train()
+        self.last_eval_metrics = metrics
+        dispatch(self.callbacks, "on_eval", self.state, self.state.step, "eval", metrics)
+        return metrics
+
+    # ---- counting ---------------------------------------------------------------------------
+    def _global_batch_size(self) -> int:
+        return self.train_dataloader.batch_size * self.coordinator.world_size
+
+    def _batches_per_epoch(self) -> int:
+        sampler: ResumableSampler = self.train_dataloader.sampler  # type: ignore[assignment]
+        per_rank = math.ceil(sampler.num_samples / self.coordinator.world_size)
+        return math.ceil(per_rank / self.train_dataloader.batch_size)
+
+    def _steps_per_epoch(self) -> int:
+        return optimizer_steps_per_epoch(self._batches_per_epoch(), self.accumulation_steps)
+
+    def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        device = self.booster.device
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def _checkpoints(self) -> CheckpointManager:
+        return CheckpointManager(self.save_dir, self.coordinator)
+
+    def _save_checkpoint(self, name: str) -> None:
+        if self.save_dir is None:
+            return
+        state = self.state
+        batches = state.extra.get("batches_consumed", 0)
+        trainer_state = {
+            "step": state.step,
+            "epoch": state.epoch,
+            "batches_consumed": batches,
+            "num_steps": state.num_steps,
+            "callbacks": self._callback_states(),
+        }
+        rank = self.coordinator.rank
+
+        def write(directory: Path) -> None:
+            self._save_models(directory)
+            self.booster.save_optimizer(self.optimizer, directory / "optimizer.pt")
+            if self.lr_scheduler is not None:
+                self.booster.save_lr_scheduler(self.lr_scheduler, directory / "scheduler.pt")
+            torch.save(rng_state(), directory / f"rng_rank{rank}.pt")
+            if self.coordinator.is_master:
+                (directory / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+
+        row = self._checkpoints().save(name, state.step, state.epoch, batches, write)
+        self._saved_rows.append(row)
+        dispatch(self.callbacks, "on_checkpoint", state, row)
+
+    def _save_models(self, directory: Path) -> None:
+        """Write the trained model(s) of this trainer into the checkpoint directory."""
+        self.booster.save_model(self.model, directory / "model")
+
+    def _load_models(self, directory: Path) -> None:
+        self.booster.load_model(self.model, directory / "model")
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Restore models, optimizer, scheduler, RNG, data position and counters from a
+        checkpoint directory; the next `fit` continues as if never stopped."""
+        directory = Path(directory)
+        trainer_state = json.loads((directory / "trainer_state.json").read_text())
+        self._load_models(directory)
+        self.booster.load_optimizer(self.optimizer, directory / "optimizer.pt")
+        if self.lr_scheduler is not None and (directory / "scheduler.pt").exists():
+            self.booster.load_lr_scheduler(self.lr_scheduler, directory / "scheduler.pt")
+        rng_file = directory / f"rng_rank{self.coordinator.rank}.pt"
+        if not rng_file.exists():  # resumed under a larger world size: reuse rank 0's stream
+            rng_file = directory / "rng_rank0.pt"
+        set_rng_state(torch.load(rng_file, weights_only=False))
+        self.state.step = trainer_state["step"]
+        self.state.epoch = trainer_state["epoch"]
+        self.state.extra["batches_consumed"] = trainer_state["batches_consumed"]
+        self._resume_position = (trainer_state["epoch"], trainer_state["batches_consumed"])
+        self._pending_callback_states = trainer_state.get("callbacks", {})
+        logger.info("resumed from %s at step %d (epoch %d, batch %d)", directory, self.state.step, *self._resume_position)
+
+    def _callback_states(self) -> dict[str, Any]:
+        """State of callbacks that define `state_dict()`, keyed by class and position."""
+        return {
+            f"{i}:{type(cb).__name__}": cb.state_dict()
+            for i, cb in enumerate(self.callbacks)
+            if callable(getattr(cb, "state_dict", None))
+        }
+
+    def _restore_callback_states(self) -> None:
+        for i, cb in enumerate(self.callbacks):
+            key = f"{i}:{type(cb).__name__}"
+            if key in self._pending_callback_states and callable(getattr(cb, "load_state_dict", None)):
+                cb.load_state_dict(self._pending_callback_states[key])
+        self._pending_callback_states = {}
+
+    def _install_default_callbacks(self, run_dir: Path | None, use_wandb: bool) -> None:
+        """Metrics JSONL (first, so a row is written before other callbacks see the step),
+        TensorBoard, W&B and a progress bar, on rank 0 only."""
+        if getattr(self, "_defaults_installed", False) or not self.coordinator.is_master:
+            return
+        self._defaults_installed = True
+        from olingo.trainer.callbacks.builtin import (
+            JsonlMetrics,
+            ProgressBar,
+            TensorBoardLogger,
+            WandbLogger,
+        )
+
+        defaults: list[Callback] = []
+        if run_dir is not None:
+            defaults += [JsonlMetrics(), TensorBoardLogger()]
+        if use_wandb:
+            defaults.append(WandbLogger())
+        if self.show_progress:
+            defaults.append(ProgressBar())
+        self.callbacks[:0] = defaults

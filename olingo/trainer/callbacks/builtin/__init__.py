@@ -1,0 +1,35 @@
+"""Built-in callbacks, registered by name for `build_callback({"kind": ..., "params": ...})`.
+
+| kind             | class               | writes (under the run directory)                     |
+|------------------|---------------------|------------------------------------------------------|
+| `jsonl_metrics`  | `JsonlMetrics`      | `metrics.jsonl`: the run's metrics log (see DESIGN §5) |
+| `csv_metrics`    | `CsvMetrics`        | `metrics.csv` (train rows), `metrics_eval.csv` (eval) |
+| `tensorboard`    | `TensorBoardLogger` | `tb/events.out.tfevents.*`                           |
+| `wandb`          | `WandbLogger`       | `wandb/` run files, `wandb_id.txt`                   |
+| `progress`       | `ProgressBar`       | a tqdm bar on stderr                                 |
+| `print_metrics`  | `PrintMetrics`      | one log line per N steps (logger `olingo.metrics`)   |
+| `early_stopping` | `EarlyStopping`     | nothing; calls `state.request_stop()`                |
+
+Every module of this package is imported here so that importing the package registers all of
+them. Loggers write only on the master process (`state.is_master`). On a resumed run
+(`state.step > 0` at `on_train_start`) the file loggers drop what the killed process wrote for
+steps after `state.step`, since the resumed run recomputes those steps identically.
+"""
+
+from olingo.trainer.callbacks.builtin.csv_metrics import CsvMetrics
+from olingo.trainer.callbacks.builtin.early_stopping import EarlyStopping
+from olingo.trainer.callbacks.builtin.jsonl import JsonlMetrics, read_metrics
+from olingo.trainer.callbacks.builtin.progress import PrintMetrics, ProgressBar
+from olingo.trainer.callbacks.builtin.tensorboard_logger import TensorBoardLogger
+from olingo.trainer.callbacks.builtin.wandb_logger import WandbLogger
+
+__all__ = [
+    "CsvMetrics",
+    "EarlyStopping",
+    "JsonlMetrics",
+    "PrintMetrics",
+    "ProgressBar",
+    "TensorBoardLogger",
+    "WandbLogger",
+    "read_metrics",
+]

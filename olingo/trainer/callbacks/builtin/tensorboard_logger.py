@@ -1,0 +1,85 @@
+"""`tensorboard`: every metric as a TensorBoard scalar at its optimizer step."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from olingo.trainer.callbacks.base import Callback
+from olingo.trainer.callbacks.builtin._common import as_number, resolve_output_path
+from olingo.trainer.callbacks.registry import register_callback
+from olingo.trainer.callbacks.state import LoopArtifacts, LoopState, ManifestRow
+
+logger = logging.getLogger("olingo.callbacks")
+
+
+def config_as_markdown(config: dict[str, Any]) -> str:
+    """The config as an indented (code-block) JSON text, which TensorBoard's text tab renders."""
+    text = json.dumps(config, indent=2, sort_keys=True, default=str)
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+@register_callback("tensorboard")
+class TensorBoardLogger(Callback):
+    """Write each train and eval metric with `add_scalar(name, value, step)` to `<output_dir>/<log_dir>`.
+
+    Metric names are used as tags as they come (`train/loss`, `eval/acc`), so TensorBoard groups
+    them by namespace. On a resumed run the writer is opened with `purge_step=state.step + 1`:
+    TensorBoard then hides what the killed process logged for later steps. The resolved config
+    is logged once as text (tag "config") on a fresh run when `log_config`. Events are flushed
+    at every checkpoint and the writer is closed at train end. Only the master process writes.
+    """
+
+    def __init__(self, log_dir: str = "tb", log_config: bool = True) -> None:
+        self.log_dir = log_dir
+        self.log_config = log_config
+        self._writer: Any = None
+
+    def on_train_start(self, state: LoopState) -> None:
+        self._close()
+        if not state.is_master:
+            return
+        target = resolve_output_path(state, self.log_dir)
+        if target is None:
+            logger.warning("tensorboard: no output_dir and a relative log_dir; nothing will be written")
+            return
+        # Imported here: tensorboard is slow to import and only this logger needs it.
+        from torch.utils.tensorboard import SummaryWriter
+
+        purge_step = state.step + 1 if state.step > 0 else None
+        self._writer = SummaryWriter(log_dir=str(target), purge_step=purge_step)
+        if self.log_config and state.config and state.step == 0:
+            self._writer.add_text("config", config_as_markdown(state.config), global_step=0)
+
+    def on_step_end(
+        self, state: LoopState, step_idx: int, batch: Any, metrics: dict[str, float]
+    ) -> None:
+        self._add_scalars(step_idx, metrics)
+
+    def on_eval(
+        self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]
+    ) -> None:
+        self._add_scalars(step_idx, metrics)
+
+    def on_checkpoint(self, state: LoopState, row: ManifestRow) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
+        self._close()
+
+    def _add_scalars(self, step: int, metrics: dict[str, Any]) -> None:
+        if self._writer is None:
+            return
+        for name, value in metrics.items():
+            number = as_number(value)
+            if number is not None:
+                self._writer.add_scalar(name, number, global_step=int(step))
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            finally:
+                self._writer = None

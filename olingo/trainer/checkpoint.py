@@ -1,0 +1,81 @@
+"""Atomic checkpoints and the append-only manifest `checkpoints.jsonl`.
+
+A checkpoint is written into `checkpoints/.tmp-<name>/`, renamed to `checkpoints/<name>/` once
+every rank has finished writing, and only then recorded in the manifest. A process killed at any
+moment therefore leaves the last manifest row pointing at a complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from olingo.cluster import DistCoordinator
+from olingo.trainer.callbacks.state import ManifestRow
+
+logger = logging.getLogger("olingo.checkpoint")
+MANIFEST = "checkpoints.jsonl"
+
+
+class CheckpointManager:
+    """Writes checkpoints under `<run_dir>/checkpoints/` and keeps the manifest."""
+
+    def __init__(self, run_dir: str | Path, coordinator: DistCoordinator | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / "checkpoints"
+        self.manifest_path = self.run_dir / MANIFEST
+        self.coordinator = coordinator or DistCoordinator()
+
+    def rows(self) -> list[ManifestRow]:
+        """Manifest rows whose directory exists; a torn last line (killed mid-append) is ignored."""
+        if not self.manifest_path.exists():
+            return []
+        rows = []
+        for line in self.manifest_path.read_text().splitlines():
+            try:
+                row = ManifestRow(**json.loads(line))
+            except (json.JSONDecodeError, TypeError):
+                continue
+            if (self.run_dir / row.path).is_dir():
+                rows.append(row)
+        return rows
+
+    def last(self) -> ManifestRow | None:
+        rows = self.rows()
+        return rows[-1] if rows else None
+
+    def save(self, name: str, step: int, epoch: int, batch: int, write: Callable[[Path], None]) -> ManifestRow:
+        """Run `write(tmp_dir)` on every rank, then publish the checkpoint atomically."""
+        coord = self.coordinator
+        tmp = self.root / f".tmp-{name}"
+        final = self.root / name
+        if coord.is_master:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        coord.barrier()
+        write(tmp)
+        coord.barrier()
+        if coord.is_master:
+            if final.exists():  # an orphan of a killed run, never listed in the manifest
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        row = ManifestRow(name=name, step=step, epoch=epoch, batch=batch, path=str(final.relative_to(self.run_dir)), time=time.time())
+        if coord.is_master:
+            with self.manifest_path.open("a") as f:
+                f.write(json.dumps(row.to_json()) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        coord.barrier()
+        return row
+
+    def remove_stale_temporaries(self) -> None:
+        """Delete `.tmp-*` directories a killed run left behind."""
+        if self.coordinator.is_master and self.root.is_dir():
+            for tmp in self.root.glob(".tmp-*"):
+                logger.info("removing incomplete checkpoint %s", tmp)
+                shutil.rmtree(tmp, ignore_errors=True)

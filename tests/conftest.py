@@ -1,0 +1,48 @@
+"""Shared fixtures: an isolated OLINGO_HOME with the embedded task's assets, small data files."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def olingo_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built-in assets go to a per-session directory, never to ~/.cache."""
+    home = tmp_path_factory.mktemp("olingo_home")
+    os.environ["OLINGO_HOME"] = str(home)
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return home
+
+
+@pytest.fixture(scope="session")
+def assets(olingo_home: Path):
+    from olingo.recipes.common import assets_root
+    from olingo.tasks import prepare_assets
+
+    return prepare_assets(assets_root())
+
+
+@pytest.fixture(scope="session")
+def small_pref_file(assets, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 64 training pairs of the embedded task."""
+    rows = assets.preference_train.read_text().splitlines()[:64]
+    path = tmp_path_factory.mktemp("data") / "pref64.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def olingo_cmd(*args: str) -> list[str]:
+    """The CLI as a subprocess command line, with this interpreter."""
+    return [sys.executable, "-m", "olingo.cli.main", *args]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
