@@ -132,7 +132,13 @@ class Plugin:
             save_model(model, str(Path(directory) / "model.safetensors"))
 
     def load_model(self, model: nn.Module, directory: str | Path) -> None:
-        load_safetensors_into(self.unwrap(model), directory)
+        """Load a model directory in place; wrappers (e.g. RewardModel) that save an inner HF
+        model provide `load_pretrained_weights` to load it back the same way."""
+        model = self.unwrap(model)
+        if hasattr(model, "load_pretrained_weights"):
+            model.load_pretrained_weights(directory)
+        else:
+            load_safetensors_into(model, directory)
 
     def save_state(self, state: dict[str, Any], path: str | Path) -> None:
         if self.coordinator.is_master:

@@ -94,9 +94,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging()
+    from olingo.dataset import DataError
+
     try:
         return args.handler(args)
-    except ConfigError as err:
+    except (ConfigError, DataError) as err:
         print(f"olingo: {err}", file=sys.stderr)
         return 2
 

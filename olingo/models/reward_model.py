@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from olingo.models.loading import _explain_load_failure, resolve_dtype
+from olingo.models.loading import _explain_load_failure, load_safetensors_into, resolve_dtype
 from olingo.models.utils import last_attended_index, position_ids_from_mask
 
 logger = logging.getLogger("olingo.models")
@@ -98,6 +98,10 @@ class RewardModel(nn.Module):
                 "trailing eos, while olingo scores the eos itself; use a distinct pad token"
             )
         self.model.save_pretrained(str(directory), **kwargs)
+
+    def load_pretrained_weights(self, directory: str | Path) -> None:
+        """Load a directory written by `save_pretrained` into this model in place, strictly."""
+        load_safetensors_into(self.model, directory)
 
     def gradient_checkpointing_enable(self, **kwargs) -> None:
         self.model.gradient_checkpointing_enable(**kwargs)
