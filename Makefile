@@ -1,0 +1,32 @@
+# `make demo` and `make test` each create .venv when missing and install what they need.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Stamp files record which requirement set is installed, so a second run installs nothing.
+$(VENV)/.installed-demo: requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+$(VENV)/.installed-test: requirements.txt requirements-test.txt pyproject.toml $(VENV)/.installed-demo
+	$(BIN)/python -m pip install --quiet -r requirements-test.txt
+	touch $@
+
+demo: $(VENV)/.installed-demo
+	$(BIN)/olingo demo
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check olingo tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
