@@ -48,14 +48,21 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str, summary: str, conf
 
 def build_parser() -> argparse.ArgumentParser:
     from olingo.recipes.rm import RMConfig
+    from olingo.recipes.sft import SFTConfig
 
-    parser = argparse.ArgumentParser(prog="olingo", description="RLHF post-training: reward models (and, soon, SFT and PPO) from a laptop CPU to a GPU cluster.")
+    parser = argparse.ArgumentParser(prog="olingo", description="RLHF post-training: SFT and reward models (PPO next) from a laptop CPU to a GPU cluster.")
     sub = parser.add_subparsers(dest="command", required=True)
+    sft = _stage_parser(sub, "sft", "supervised fine-tuning of a causal LM on assistant tokens", SFTConfig, "sft_tiny.yaml")
+    sft.set_defaults(handler=_cmd_sft)
     rm = _stage_parser(sub, "rm", "train a reward model on preference pairs", RMConfig, "rm_tiny.yaml")
     rm.set_defaults(handler=_cmd_rm)
-    demo = sub.add_parser("demo", help="train a reward model on the embedded arithmetic task and report held-out accuracy")
+    demo = sub.add_parser(
+        "demo",
+        help="SFT then a reward model on the embedded arithmetic task; reports held-out results",
+        description="Runs olingo/configs/sft_tiny.yaml, then rm_tiny.yaml starting from the SFT model, "
+        "each a normal run directory under --output-dir, and prints held-out results.",
+    )
     demo.add_argument("--output-dir", default="runs", help="parent of the run directories (default: runs)")
-    demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides for the reward-model stage")
     demo.set_defaults(handler=_cmd_demo)
     return parser
 
@@ -63,6 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(args: argparse.Namespace):
     path = args.config or packaged_config(args.default_config)
     return load_config(args.config_model, path, args.overrides)
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from olingo.recipes.sft import run_sft
+
+    result = run_sft(_load(args))
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"run directory: {result['run_dir']}")
+        print(f"final model:   {result['final_model']}")
+        if result["eval"]:
+            print(f"held-out loss: {result['eval']['eval/loss']:.4f}")
+    return 0
 
 
 def _cmd_rm(args: argparse.Namespace) -> int:
@@ -79,15 +98,21 @@ def _cmd_rm(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from olingo.recipes.common import resolve_path
     from olingo.recipes.rm import RMConfig, run_rm
+    from olingo.recipes.sft import SFTConfig, run_sft
+    from olingo.tasks.evaluate import greedy_accuracy
 
-    overrides = [f"run.output_dir={args.output_dir}", "run.name=demo-rm", "run.overwrite=true", *args.overrides]
-    cfg = load_config(RMConfig, packaged_config("rm_tiny.yaml"), overrides)
-    result = run_rm(cfg)
-    acc = result["eval"]["eval/acc"]
-    print("\n== olingo demo: reward model on the embedded arithmetic task ==")
-    print(f"held-out pairwise accuracy: {acc:.3f}  ({int(result['eval']['eval/pairs'])} pairs never seen in training)")
-    print(f"run directory: {result['run_dir']}  (metrics.jsonl, tb/, checkpoints/final/model)")
+    common = [f"run.output_dir={args.output_dir}", "run.overwrite=true"]
+    sft = run_sft(load_config(SFTConfig, packaged_config("sft_tiny.yaml"), [*common, "run.name=demo-sft"]))
+    rm = run_rm(load_config(RMConfig, packaged_config("rm_tiny.yaml"), [*common, "run.name=demo-rm", f"model.path={sft['final_model']}"]))
+    base_acc, sft_acc = greedy_accuracy(resolve_path("builtin:tiny-llama")), greedy_accuracy(sft["final_model"])
+    print("\n== olingo demo: the embedded arithmetic task (held-out prompts never seen in training) ==")
+    print(f"{'stage':<14}{'metric':<44}{'value':>8}")
+    print(f"{'base model':<14}{'greedy answer accuracy':<44}{base_acc:>8.3f}")
+    print(f"{'SFT':<14}{'greedy answer accuracy':<44}{sft_acc:>8.3f}")
+    print(f"{'reward model':<14}{'pairwise accuracy (correct > wrong answer)':<44}{rm['eval']['eval/acc']:>8.3f}")
+    print(f"run directories: {sft['run_dir']}, {rm['run_dir']}  (metrics.jsonl, tb/, checkpoints/final/model)")
     return 0
 
 

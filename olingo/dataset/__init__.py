@@ -20,3 +20,14 @@ __all__ = [
     "parse_preference_row",
     "tokenize_preference",
 ]
+
+from olingo.dataset.sft import (  # noqa: E402
+    SFTCollator,
+    SFTDataset,
+    SFTExample,
+    build_sft_dataset,
+    parse_sft_row,
+    tokenize_sft,
+)
+
+__all__ += ["SFTCollator", "SFTDataset", "SFTExample", "build_sft_dataset", "parse_sft_row", "tokenize_sft"]

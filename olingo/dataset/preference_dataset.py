@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import Dataset
@@ -51,21 +52,41 @@ def build_preference_dataset(
     are left out, counted in ``num_skipped`` and reported in one warning per source.
     A source that cannot be read at all always raises, and so does ending with no rows.
     """
+
+    def make_item(source: str, row: int, raw: dict[str, Any]) -> PreferenceItem:
+        return tokenize_preference(parse_preference_row(raw, source, row), tokenizer, max_length)
+
+    items, num_skipped = tokenize_sources(sources, tokenizer, max_length, make_item, skip_invalid=skip_invalid, split=split, kind="preference")
+    return PreferenceDataset(items, num_skipped=num_skipped)
+
+
+def tokenize_sources(
+    sources: str | list[str],
+    tokenizer: Any,
+    max_length: int,
+    make_item: Callable[[str, int, dict[str, Any]], dict[str, list[int]]],
+    *,
+    skip_invalid: bool,
+    split: str | None,
+    kind: str,
+) -> tuple[list[dict[str, list[int]]], int]:
+    """Run ``make_item(source, row, raw)`` on every row of every source; the shared
+    validate-everything-first loop of the preference and SFT datasets."""
     source_list = [sources] if isinstance(sources, str) else list(sources)
     _check_arguments(source_list, tokenizer, max_length)
-    items: list[PreferenceItem] = []
+    items: list[dict[str, list[int]]] = []
     num_skipped = 0
     for source in source_list:
-        kept, errors = _tokenize_source(source, tokenizer, max_length, skip_invalid, split)
+        kept, errors = _tokenize_source(source, make_item, skip_invalid, split)
         if errors:
             _warn_skipped(source, errors, len(kept))
         items.extend(kept)
         num_skipped += len(errors)
     if not items:
         detail = f"all {num_skipped} rows are invalid" if num_skipped else "the data is empty"
-        raise DataError(", ".join(source_list), None, None, f"no usable preference rows: {detail}")
-    logger.info("preference data: %d pairs (%d invalid rows skipped)", len(items), num_skipped)
-    return PreferenceDataset(items, num_skipped=num_skipped)
+        raise DataError(", ".join(source_list), None, None, f"no usable {kind} rows: {detail}")
+    logger.info("%s data: %d rows (%d invalid rows skipped)", kind, len(items), num_skipped)
+    return items, num_skipped
 
 
 def _check_arguments(sources: list[str], tokenizer: Any, max_length: int) -> None:
@@ -76,35 +97,27 @@ def _check_arguments(sources: list[str], tokenizer: Any, max_length: int) -> Non
         raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(
-            "the tokenizer has no chat template (tokenizer.chat_template is None); preference "
+            "the tokenizer has no chat template (tokenizer.chat_template is None); data "
             "rows are rendered with it, so set one before building the dataset"
         )
 
 
 def _tokenize_source(
-    source: str, tokenizer: Any, max_length: int, skip_invalid: bool, split: str | None
-) -> tuple[list[PreferenceItem], list[DataError]]:
-    """Tokenised items of one source, and the row errors skipped when ``skip_invalid``."""
-    kept: list[PreferenceItem] = []
+    source: str, make_item: Callable, skip_invalid: bool, split: str | None
+) -> tuple[list[dict[str, list[int]]], list[DataError]]:
+    """Items of one source, and the row errors skipped when ``skip_invalid``."""
+    kept: list[dict[str, list[int]]] = []
     errors: list[DataError] = []
     for row, raw in iter_rows_or_errors(source, split):
         try:
-            kept.append(_tokenize_row(source, row, raw, tokenizer, max_length))
+            if isinstance(raw, DataError):  # the loader already rejected this row
+                raise raw
+            kept.append(make_item(source, row, raw))
         except DataError as err:
             if not skip_invalid:
                 raise
             errors.append(err)
     return kept, errors
-
-
-def _tokenize_row(
-    source: str, row: int, raw: dict[str, Any] | DataError, tokenizer: Any, max_length: int
-) -> PreferenceItem:
-    """Parse and tokenise one raw row; a row the loader already rejected re-raises."""
-    if isinstance(raw, DataError):
-        raise raw
-    example = parse_preference_row(raw, source, row)
-    return tokenize_preference(example, tokenizer, max_length)
 
 
 def _warn_skipped(source: str, errors: list[DataError], num_kept: int) -> None:

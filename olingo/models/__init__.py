@@ -6,11 +6,12 @@ from olingo.models.loading import (
     load_safetensors_into,
     load_tokenizer,
 )
-from olingo.models.loss import LogExpLoss, LogSigLoss
+from olingo.models.loss import GPTLMLoss, LogExpLoss, LogSigLoss, token_nll
 from olingo.models.reward_model import RewardModel
 from olingo.models.utils import last_attended_index, position_ids_from_mask
 
 __all__ = [
+    "GPTLMLoss",
     "LogExpLoss",
     "LogSigLoss",
     "RewardModel",
@@ -20,4 +21,5 @@ __all__ = [
     "load_safetensors_into",
     "load_tokenizer",
     "position_ids_from_mask",
+    "token_nll",
 ]

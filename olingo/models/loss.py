@@ -40,3 +40,30 @@ class LogExpLoss(nn.Module):
 
     def forward(self, chosen_reward: torch.Tensor, reject_reward: torch.Tensor) -> torch.Tensor:
         return F.softplus(self.beta * (reject_reward - chosen_reward)).mean()
+
+
+def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token negative log-likelihood over masked positions, and their count.
+
+    logits: (B, L, V) from a causal LM; input_ids, loss_mask: (B, L). Position t predicts token
+    t+1, so the loss covers tokens 1..L-1 whose mask is 1. Returning the sum and the count (not
+    the mean) lets a trainer normalise by the tokens of a whole optimizer step, so accumulation
+    and data parallelism give the same gradient as one big batch.
+    """
+    targets = input_ids[:, 1:]
+    mask = loss_mask[:, 1:].to(logits.dtype)
+    nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), reduction="none")
+    return (nll.view_as(mask) * mask).sum(), mask.sum()
+
+
+class GPTLMLoss(nn.Module):
+    """Token-mean causal LM loss over masked positions (SFT and PPO's ptx term).
+
+    logits: (B, L, V); input_ids, loss_mask: (B, L) (loss_mask defaults to all ones).
+    """
+
+    def forward(self, logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if loss_mask is None:
+            loss_mask = torch.ones_like(input_ids)
+        total, count = token_nll(logits, input_ids, loss_mask)
+        return total / count.clamp(min=1)

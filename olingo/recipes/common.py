@@ -46,6 +46,23 @@ class LoggingConfig(StrictModel):
     progress: bool = Field(True, description="show a progress bar")
 
 
+class OptimConfig(StrictModel):
+    """Optimisation shared by supervised stages."""
+
+    epochs: int = Field(3, description="passes over the training data")
+    batch_size: int = Field(8, description="rows per micro-batch per process")
+    eval_batch_size: int = Field(32, description="rows per evaluation batch per process")
+    accumulation_steps: int = Field(1, description="micro-batches per optimizer step")
+    lr: float = Field(5e-6, description="peak learning rate")
+    weight_decay: float = Field(0.1, description="AdamW weight decay (not on biases and norms)")
+    adam_betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    warmup_ratio: float = Field(0.025, description="fraction of optimizer steps spent warming up")
+    min_lr_ratio: float = Field(0.1, description="cosine schedule floor as a fraction of lr")
+    max_grad_norm: float | None = Field(1.0, description="clip the gradient norm (null: no clipping)")
+    save_interval: int = Field(0, description="checkpoint every N optimizer steps (0: only the final one)")
+    eval_interval: int = Field(0, description="evaluate every N optimizer steps as well as after each epoch")
+
+
 class CallbackSpec(StrictModel):
     """A callback built by name from the registry."""
 

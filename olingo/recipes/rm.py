@@ -23,6 +23,7 @@ from olingo.models import LogExpLoss, LogSigLoss, RewardModel, load_tokenizer
 from olingo.recipes.common import (
     CallbackSpec,
     LoggingConfig,
+    OptimConfig,
     PluginConfig,
     RunConfig,
     build_callbacks,
@@ -58,23 +59,11 @@ class RMDataConfig(StrictModel):
     skip_invalid: bool = Field(False, description="skip bad rows (and log how many) instead of stopping")
 
 
-class RMTrainConfig(StrictModel):
-    """Optimisation."""
+class RMTrainConfig(OptimConfig):
+    """Optimisation, plus the pairwise loss."""
 
-    epochs: int = Field(3, description="passes over the training pairs")
-    batch_size: int = Field(8, description="pairs per micro-batch per process")
-    eval_batch_size: int = Field(32, description="pairs per evaluation batch per process")
-    accumulation_steps: int = Field(1, description="micro-batches per optimizer step")
-    lr: float = Field(5e-6, description="peak learning rate")
-    weight_decay: float = Field(0.1, description="AdamW weight decay (not on biases and norms)")
-    adam_betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
-    warmup_ratio: float = Field(0.025, description="fraction of optimizer steps spent warming up")
-    min_lr_ratio: float = Field(0.1, description="cosine schedule floor as a fraction of lr")
-    max_grad_norm: float | None = Field(1.0, description="clip the gradient norm (null: no clipping)")
     loss: Literal["logsig", "logexp"] = Field("logsig", description="pairwise loss")
     beta: float = Field(1.0, description="inverse temperature of the preference model in the loss")
-    save_interval: int = Field(0, description="checkpoint every N optimizer steps (0: only the final one)")
-    eval_interval: int = Field(0, description="evaluate every N optimizer steps as well as after each epoch")
 
 
 class RMConfig(StrictModel):

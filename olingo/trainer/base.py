@@ -82,6 +82,7 @@ class SLTrainer(ABC):
         self.eval_interval = eval_interval
         self.show_progress = True
         self.run_config: dict[str, Any] | None = None  # recorded by loggers when set
+        self.tokenizer: Any = None  # saved beside the model in every checkpoint when set
         self.state = LoopState(is_master=self.coordinator.is_master)
         self.train_dataloader: DataLoader | None = None
         self.eval_dataloader: DataLoader | None = None
@@ -91,9 +92,9 @@ class SLTrainer(ABC):
         self.last_eval_metrics: dict[str, float] | None = None
 
     # ---- what a concrete trainer supplies ------------------------------------------------
-    @abstractmethod
     def _forward_backward(self, batch: dict[str, torch.Tensor], loss_scale: float) -> dict[str, torch.Tensor]:
         """Forward one micro-batch, backward `loss * loss_scale`; return detached scalar stats."""
+        raise NotImplementedError(f"{type(self).__name__} must define _forward_backward or _train_group")
 
     @abstractmethod
     def _evaluate(self) -> dict[str, float]:
@@ -153,34 +154,44 @@ class SLTrainer(ABC):
         sampler.set_epoch(epoch, start=consumed * self._global_batch_size())
         num_batches = self._batches_per_epoch()
         self.model.train()
-        group: list[dict[str, torch.Tensor]] = []
+        group: list[dict[str, Any]] = []
         for index, batch in enumerate(loader, start=consumed):
+            group.append(self._to_device(batch))
             first = (index // self.accumulation_steps) * self.accumulation_steps
-            group_size = min(self.accumulation_steps, num_batches - first)
-            last_of_group = index - first == group_size - 1
-            with nullcontext() if last_of_group else self.booster.no_sync(self.model, self.optimizer):
-                group.append(self._forward_backward(self._to_device(batch), 1.0 / group_size))
-            if not last_of_group:
+            if index - first + 1 < min(self.accumulation_steps, num_batches - first):
                 continue
-            metrics = self._optimizer_step(group)
+            metrics = self._optimizer_step(self._train_group(group))
             group = []
             self.state.extra["batches_consumed"] = index + 1
             self._after_step(batch, metrics)
             if self.state.stop_requested:
                 return
 
-    def _optimizer_step(self, group: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-        """Step optimizer and scheduler; average the micro-batch stats over the group and ranks."""
+    def _train_group(self, group: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Forward/backward the micro-batches of one optimizer step; mean of their stats.
+
+        Each loss is divided by the number of micro-batches, and gradients are synchronised
+        across ranks only on the last one. Trainers whose loss is a mean over a varying number
+        of items per micro-batch (tokens in SFT) override this to normalise by the step's total.
+        """
+        stats = []
+        for i, batch in enumerate(group):
+            last = i == len(group) - 1
+            with nullcontext() if last else self.booster.no_sync(self.model, self.optimizer):
+                stats.append(self._forward_backward(batch, 1.0 / len(group)))
+        return {name: torch.stack([s[name].float() for s in stats]).mean() for name in stats[0]}
+
+    def _optimizer_step(self, stats: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Step optimizer and scheduler; average the step's stats over ranks."""
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.optimizer.zero_grad()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         self.state.step += 1
-        names = list(group[0])
-        stats = torch.stack([torch.stack([micro[n].float() for n in names]) for micro in group]).mean(0)
-        stats = self.plugin.all_reduce_mean(stats).tolist()
-        metrics = {f"train/{n}": v for n, v in zip(names, stats, strict=True)}
+        names = list(stats)
+        values = self.plugin.all_reduce_mean(torch.stack([stats[n] for n in names])).tolist()
+        metrics = {f"train/{n}": v for n, v in zip(names, values, strict=True)}
         metrics["train/lr"] = lr
         metrics["train/grad_norm"] = self.optimizer.grad_norm
         return metrics
@@ -261,8 +272,10 @@ class SLTrainer(ABC):
         dispatch(self.callbacks, "on_checkpoint", state, row)
 
     def _save_models(self, directory: Path) -> None:
-        """Write the trained model(s) of this trainer into the checkpoint directory."""
+        """Write the trained model (and tokenizer, so the directory loads on its own)."""
         self.booster.save_model(self.model, directory / "model")
+        if self.coordinator.is_master and self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(directory / "model"))
 
     def _load_models(self, directory: Path) -> None:
         self.booster.load_model(self.model, directory / "model")

@@ -125,8 +125,3 @@ class RewardModelTrainer(SLTrainer):
         count = totals[-1].clamp(min=1)
         names = ("loss", "reward_chosen", "reward_rejected", "dist", "acc")
         return {name: float(totals[i] / count) for i, name in enumerate(names)} | {"pairs": float(totals[-1])}
-
-    def _save_models(self, directory) -> None:
-        super()._save_models(directory)
-        if self.coordinator.is_master and self.tokenizer is not None:
-            self.tokenizer.save_pretrained(str(directory / "model"))
