@@ -48,21 +48,23 @@ class ResumableSampler(Sampler[int]):
         self.epoch = epoch
         self.start = start
 
+    def _padded_size(self) -> int:
+        if self.even and self.num_samples % self.num_replicas:
+            return self.num_samples + self.num_replicas - self.num_samples % self.num_replicas
+        return self.num_samples
+
     def _order(self) -> list[int]:
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.randperm(self.num_samples, generator=generator).tolist()
         else:
             order = list(range(self.num_samples))
-        if self.even and self.num_samples % self.num_replicas:
-            pad = self.num_replicas - self.num_samples % self.num_replicas
-            order += order[:pad]
-        return order
+        return order + order[: self._padded_size() - self.num_samples]
 
     def __iter__(self) -> Iterator[int]:
         remaining = self._order()[self.start :]
         return iter(remaining[self.rank :: self.num_replicas])
 
     def __len__(self) -> int:
-        total = len(self._order()) - self.start
+        total = self._padded_size() - self.start
         return max(0, (total - self.rank + self.num_replicas - 1) // self.num_replicas)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -13,9 +14,12 @@ from pydantic import Field
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from olingo.booster import Booster, Plugin, SingleProcessPlugin, TorchDDPPlugin
+from olingo.cluster import DistCoordinator
 from olingo.config import ConfigError, StrictModel, dump_config
+from olingo.trainer.base import SLTrainer
 from olingo.trainer.callbacks import Callback, build_callback
 from olingo.trainer.checkpoint import CheckpointManager
+from olingo.trainer.utils import optimizer_steps_per_epoch, seed_everything
 
 logger = logging.getLogger("olingo")
 BUILTIN_PREFIX = "builtin:"
@@ -29,6 +33,16 @@ class RunConfig(StrictModel):
     seed: int = Field(42, description="the one seed of the run (python, numpy, torch, data order)")
     resume: str | None = Field(None, description="'last' = continue from the run's last checkpoint; or a checkpoint directory")
     overwrite: bool = Field(False, description="delete an existing run directory instead of refusing to start")
+
+
+class ModelConfig(StrictModel):
+    """The model a stage starts from."""
+
+    path: str = Field("builtin:tiny-llama", description="HF directory or hub id (builtin:tiny-llama = the embedded tiny model)")
+    tokenizer: str | None = Field(None, description="tokenizer directory or hub id (default: model.path)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
+    trust_remote_code: bool = Field(False, description="allow model code from the hub")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
 
 
 class PluginConfig(StrictModel):
@@ -95,16 +109,19 @@ def resolve_path(path: str) -> str:
 
 
 def prepare_run_dir(run: RunConfig, config: StrictModel, is_master: bool) -> Path:
-    """Create (or re-open, when resuming) the run directory and write config.yaml."""
+    """Create (or re-open, when resuming) the run directory and write config.yaml.
+
+    Only rank 0 looks and writes: another rank would find the directory rank 0 just made.
+    """
     run_dir = Path(run.output_dir) / run.name
+    if not is_master:
+        return run_dir
     if run.resume is None and run_dir.exists() and any(run_dir.iterdir()):
         if not run.overwrite:
             raise ConfigError(f"run directory {run_dir} already exists: pass run.resume=last to continue it or run.overwrite=true to start over")
-        if is_master:
-            shutil.rmtree(run_dir)
-    if is_master:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump_config(config))
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(config))
     return run_dir
 
 
@@ -151,3 +168,51 @@ def build_callbacks(specs: list[CallbackSpec]) -> list[Callback]:
 def make_booster(plugin_cfg: PluginConfig, max_norm: float | None) -> tuple[Booster, Plugin]:
     plugin = build_plugin(plugin_cfg, max_norm)
     return Booster(plugin=plugin), plugin
+
+
+@dataclass
+class RunSetup:
+    """What every stage opens before it loads anything: seeded RNG, plugin, run directory."""
+
+    booster: Booster
+    plugin: Plugin
+    coordinator: DistCoordinator
+    run_dir: Path
+
+
+def open_run(run: RunConfig, plugin_cfg: PluginConfig, max_norm: float | None, config: StrictModel) -> RunSetup:
+    """Seed once, build the plugin (joining torchrun's process group), create the run directory."""
+    seed_everything(run.seed)
+    booster, plugin = make_booster(plugin_cfg, max_norm)
+    coordinator = DistCoordinator()
+    run_dir = prepare_run_dir(run, config, coordinator.is_master)
+    coordinator.barrier()
+    return RunSetup(booster, plugin, coordinator, run_dir)
+
+
+def loaders_and_optimizer(setup: RunSetup, train: OptimConfig, seed: int, model: torch.nn.Module, train_set, eval_set, collate):
+    """Sharded resumable loaders, AdamW, and a schedule sized in true optimizer steps."""
+    plugin = setup.plugin
+    train_loader = plugin.prepare_dataloader(train_set, train.batch_size, shuffle=True, seed=seed, collate_fn=collate)
+    eval_loader = plugin.prepare_dataloader(eval_set, train.eval_batch_size, shuffle=False, collate_fn=collate, even=False) if eval_set else None
+    total_steps = train.epochs * optimizer_steps_per_epoch(len(train_loader), train.accumulation_steps)
+    optimizer = build_optimizer(model, train.lr, train.weight_decay, train.adam_betas)
+    scheduler = build_scheduler(optimizer, total_steps, train.warmup_ratio, train.min_lr_ratio)
+    logger.info("%d training rows, %d optimizer steps, run directory %s", len(train_set), total_steps, setup.run_dir)
+    return train_loader, eval_loader, optimizer, scheduler
+
+
+def fit_run(trainer: SLTrainer, cfg: StrictModel, setup: RunSetup, train_loader, eval_loader) -> dict:
+    """Resume when asked, fit, and report where everything went."""
+    trainer.show_progress = cfg.logging.progress
+    trainer.run_config = cfg.model_dump(mode="json")
+    checkpoint = resume_checkpoint(cfg.run, setup.run_dir)
+    if checkpoint is not None:
+        trainer.load_checkpoint(checkpoint)
+    artifacts = trainer.fit(train_loader, eval_loader, log_dir=str(setup.run_dir), use_wandb=cfg.logging.wandb)
+    return {
+        "run_dir": str(setup.run_dir),
+        "final_model": str(setup.run_dir / "checkpoints" / "final" / "model"),
+        "eval": trainer.last_eval_metrics,
+        "steps": artifacts.completed_steps,
+    }

@@ -10,44 +10,27 @@ The recipe, top to bottom:
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 
-from olingo.cluster import DistCoordinator
 from olingo.config import StrictModel
 from olingo.dataset import PreferenceCollator, build_preference_dataset
 from olingo.models import LogExpLoss, LogSigLoss, RewardModel, load_tokenizer
 from olingo.recipes.common import (
     CallbackSpec,
     LoggingConfig,
+    ModelConfig,
     OptimConfig,
     PluginConfig,
     RunConfig,
     build_callbacks,
-    build_optimizer,
-    build_scheduler,
-    make_booster,
-    prepare_run_dir,
+    fit_run,
+    loaders_and_optimizer,
+    open_run,
     resolve_path,
-    resume_checkpoint,
 )
 from olingo.trainer.rm import RewardModelTrainer
-from olingo.trainer.utils import optimizer_steps_per_epoch, seed_everything
-
-logger = logging.getLogger("olingo.rm")
-
-
-class RMModelConfig(StrictModel):
-    """The model to train."""
-
-    path: str = Field("builtin:tiny-llama", description="HF directory or hub id: a causal LM (a new value head is added) or a saved reward model")
-    tokenizer: str | None = Field(None, description="tokenizer directory or hub id (default: model.path)")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
-    trust_remote_code: bool = Field(False, description="allow model code from the hub")
-    gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
 
 
 class RMDataConfig(StrictModel):
@@ -70,7 +53,7 @@ class RMConfig(StrictModel):
     """Reward-model training (`olingo rm`)."""
 
     run: RunConfig = Field(default_factory=lambda: RunConfig(name="rm"), description="run directory, seed, resume")
-    model: RMModelConfig = Field(default_factory=RMModelConfig, description="model to train")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="model to train (rm: a causal LM gets a new value head; a saved reward model continues)")
     data: RMDataConfig = Field(default_factory=RMDataConfig, description="preference data")
     train: RMTrainConfig = Field(default_factory=RMTrainConfig, description="optimisation")
     plugin: PluginConfig = Field(default_factory=PluginConfig, description="parallel strategy")
@@ -81,51 +64,32 @@ class RMConfig(StrictModel):
 def run_rm(cfg: RMConfig) -> dict:
     """Train a reward model as `cfg` says; returns the run directory and final eval metrics."""
     # 1. seed, plugin, run directory
-    seed_everything(cfg.run.seed)
-    booster, plugin = make_booster(cfg.plugin, cfg.train.max_grad_norm)
-    coordinator = DistCoordinator()
-    run_dir = prepare_run_dir(cfg.run, cfg, coordinator.is_master)
-    coordinator.barrier()
+    setup = open_run(cfg.run, cfg.plugin, cfg.train.max_grad_norm, cfg)
 
-    # 2. tokenizer and model
-    model_path = resolve_path(cfg.model.path)
+    # 2. tokenizer and model: a new value head on a causal LM, or a saved reward model
     tokenizer = load_tokenizer(resolve_path(cfg.model.tokenizer or cfg.model.path))
-    model = RewardModel.from_pretrained(model_path, pad_token_id=tokenizer.pad_token_id, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    model = RewardModel.from_pretrained(resolve_path(cfg.model.path), pad_token_id=tokenizer.pad_token_id, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
 
     # 3. data, validated before any training
-    train_set = build_preference_dataset([resolve_path(s) for s in cfg.data.train], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid)
-    eval_set = build_preference_dataset([resolve_path(s) for s in cfg.data.eval], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid) if cfg.data.eval else None
+    def dataset(sources: list[str]):
+        return build_preference_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid)
+
+    train_set, eval_set = dataset(cfg.data.train), (dataset(cfg.data.eval) if cfg.data.eval else None)
 
     # 4. loaders, optimizer, schedule sized in optimizer steps
     collate = PreferenceCollator(tokenizer.pad_token_id, padding_side=tokenizer.padding_side)
-    train_loader = plugin.prepare_dataloader(train_set, cfg.train.batch_size, shuffle=True, seed=cfg.run.seed, collate_fn=collate)
-    eval_loader = plugin.prepare_dataloader(eval_set, cfg.train.eval_batch_size, shuffle=False, collate_fn=collate, even=False) if eval_set else None
-    total_steps = cfg.train.epochs * optimizer_steps_per_epoch(len(train_loader), cfg.train.accumulation_steps)
-    optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.adam_betas)
-    scheduler = build_scheduler(optimizer, total_steps, cfg.train.warmup_ratio, cfg.train.min_lr_ratio)
+    train_loader, eval_loader, optimizer, scheduler = loaders_and_optimizer(setup, cfg.train, cfg.run.seed, model, train_set, eval_set, collate)
     loss_fn = (LogSigLoss if cfg.train.loss == "logsig" else LogExpLoss)(beta=cfg.train.beta)
-    logger.info("%d training pairs, %d optimizer steps, run directory %s", len(train_set), total_steps, run_dir)
 
     # 5. boost, resume, fit
-    model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
+    model, optimizer, _, _, scheduler = setup.booster.boost(model, optimizer, lr_scheduler=scheduler)
     trainer = RewardModelTrainer(
-        model=model, booster=booster, optimizer=optimizer, plugin=plugin, lr_scheduler=scheduler,
+        model=model, booster=setup.booster, optimizer=optimizer, plugin=setup.plugin, lr_scheduler=scheduler,
         tokenizer=tokenizer, loss_fn=loss_fn, max_epochs=cfg.train.epochs, beta=cfg.train.beta,
         accumulation_steps=cfg.train.accumulation_steps, save_interval=cfg.train.save_interval,
-        save_dir=str(run_dir), coordinator=coordinator, callbacks=build_callbacks(cfg.callbacks),
+        save_dir=str(setup.run_dir), coordinator=setup.coordinator, callbacks=build_callbacks(cfg.callbacks),
         eval_interval=cfg.train.eval_interval,
     )
-    trainer.show_progress = cfg.logging.progress
-    trainer.run_config = cfg.model_dump(mode="json")
-    checkpoint = resume_checkpoint(cfg.run, run_dir)
-    if checkpoint is not None:
-        trainer.load_checkpoint(checkpoint)
-    artifacts = trainer.fit(train_loader, eval_loader, log_dir=str(run_dir), use_wandb=cfg.logging.wandb)
-    return {
-        "run_dir": str(run_dir),
-        "final_model": str(Path(run_dir) / "checkpoints" / "final" / "model"),
-        "eval": trainer.last_eval_metrics,
-        "steps": artifacts.completed_steps,
-    }
+    return fit_run(trainer, cfg, setup, train_loader, eval_loader)

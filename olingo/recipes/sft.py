@@ -10,44 +10,25 @@ The recipe, top to bottom:
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-from typing import Literal
-
 from pydantic import Field
 
-from olingo.cluster import DistCoordinator
 from olingo.config import StrictModel
 from olingo.dataset import SFTCollator, build_sft_dataset
 from olingo.models import load_causal_lm, load_tokenizer
 from olingo.recipes.common import (
     CallbackSpec,
     LoggingConfig,
+    ModelConfig,
     OptimConfig,
     PluginConfig,
     RunConfig,
     build_callbacks,
-    build_optimizer,
-    build_scheduler,
-    make_booster,
-    prepare_run_dir,
+    fit_run,
+    loaders_and_optimizer,
+    open_run,
     resolve_path,
-    resume_checkpoint,
 )
 from olingo.trainer.sft import SFTTrainer
-from olingo.trainer.utils import optimizer_steps_per_epoch, seed_everything
-
-logger = logging.getLogger("olingo.sft")
-
-
-class SFTModelConfig(StrictModel):
-    """The causal LM to fine-tune."""
-
-    path: str = Field("builtin:tiny-llama", description="HF directory or hub id of a causal LM")
-    tokenizer: str | None = Field(None, description="tokenizer directory or hub id (default: model.path)")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
-    trust_remote_code: bool = Field(False, description="allow model code from the hub")
-    gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
 
 
 class SFTDataConfig(StrictModel):
@@ -64,7 +45,7 @@ class SFTConfig(StrictModel):
     """Supervised fine-tuning (`olingo sft`)."""
 
     run: RunConfig = Field(default_factory=lambda: RunConfig(name="sft"), description="run directory, seed, resume")
-    model: SFTModelConfig = Field(default_factory=SFTModelConfig, description="model to train")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="model to train")
     data: SFTDataConfig = Field(default_factory=SFTDataConfig, description="conversations")
     train: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-5, weight_decay=0.0, adam_betas=(0.9, 0.999)), description="optimisation")
     plugin: PluginConfig = Field(default_factory=PluginConfig, description="parallel strategy")
@@ -75,11 +56,7 @@ class SFTConfig(StrictModel):
 def run_sft(cfg: SFTConfig) -> dict:
     """Fine-tune as `cfg` says; returns the run directory, final model and eval metrics."""
     # 1. seed, plugin, run directory
-    seed_everything(cfg.run.seed)
-    booster, plugin = make_booster(cfg.plugin, cfg.train.max_grad_norm)
-    coordinator = DistCoordinator()
-    run_dir = prepare_run_dir(cfg.run, cfg, coordinator.is_master)
-    coordinator.barrier()
+    setup = open_run(cfg.run, cfg.plugin, cfg.train.max_grad_norm, cfg)
 
     # 2. tokenizer and model
     tokenizer = load_tokenizer(resolve_path(cfg.model.tokenizer or cfg.model.path))
@@ -91,35 +68,18 @@ def run_sft(cfg: SFTConfig) -> dict:
     def dataset(sources: list[str]):
         return build_sft_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid)
 
-    train_set = dataset(cfg.data.train)
-    eval_set = dataset(cfg.data.eval) if cfg.data.eval else None
+    train_set, eval_set = dataset(cfg.data.train), (dataset(cfg.data.eval) if cfg.data.eval else None)
 
     # 4. loaders, optimizer, schedule sized in optimizer steps
     collate = SFTCollator(tokenizer.pad_token_id)
-    train_loader = plugin.prepare_dataloader(train_set, cfg.train.batch_size, shuffle=True, seed=cfg.run.seed, collate_fn=collate)
-    eval_loader = plugin.prepare_dataloader(eval_set, cfg.train.eval_batch_size, shuffle=False, collate_fn=collate, even=False) if eval_set else None
-    total_steps = cfg.train.epochs * optimizer_steps_per_epoch(len(train_loader), cfg.train.accumulation_steps)
-    optimizer = build_optimizer(model, cfg.train.lr, cfg.train.weight_decay, cfg.train.adam_betas)
-    scheduler = build_scheduler(optimizer, total_steps, cfg.train.warmup_ratio, cfg.train.min_lr_ratio)
-    logger.info("%d training rows, %d optimizer steps, run directory %s", len(train_set), total_steps, run_dir)
+    train_loader, eval_loader, optimizer, scheduler = loaders_and_optimizer(setup, cfg.train, cfg.run.seed, model, train_set, eval_set, collate)
 
     # 5. boost, resume, fit
-    model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
+    model, optimizer, _, _, scheduler = setup.booster.boost(model, optimizer, lr_scheduler=scheduler)
     trainer = SFTTrainer(
-        model=model, booster=booster, optim=optimizer, lr_scheduler=scheduler, max_epochs=cfg.train.epochs,
-        plugin=plugin, accumulation_steps=cfg.train.accumulation_steps, apply_loss_mask=cfg.data.apply_loss_mask,
-        save_interval=cfg.train.save_interval, save_dir=str(run_dir), coordinator=coordinator,
+        model=model, booster=setup.booster, optim=optimizer, lr_scheduler=scheduler, max_epochs=cfg.train.epochs,
+        plugin=setup.plugin, accumulation_steps=cfg.train.accumulation_steps, apply_loss_mask=cfg.data.apply_loss_mask,
+        save_interval=cfg.train.save_interval, save_dir=str(setup.run_dir), coordinator=setup.coordinator,
         tokenizer=tokenizer, callbacks=build_callbacks(cfg.callbacks), eval_interval=cfg.train.eval_interval,
     )
-    trainer.show_progress = cfg.logging.progress
-    trainer.run_config = cfg.model_dump(mode="json")
-    checkpoint = resume_checkpoint(cfg.run, run_dir)
-    if checkpoint is not None:
-        trainer.load_checkpoint(checkpoint)
-    artifacts = trainer.fit(train_loader, eval_loader, log_dir=str(run_dir), use_wandb=cfg.logging.wandb)
-    return {
-        "run_dir": str(run_dir),
-        "final_model": str(Path(run_dir) / "checkpoints" / "final" / "model"),
-        "eval": trainer.last_eval_metrics,
-        "steps": artifacts.completed_steps,
-    }
+    return fit_run(trainer, cfg, setup, train_loader, eval_loader)

@@ -89,6 +89,7 @@ class SLTrainer(ABC):
         self._resume_position: tuple[int, int] | None = None  # (epoch, batches consumed)
         self._pending_callback_states: dict[str, Any] = {}
         self._saved_rows: list[ManifestRow] = []
+        self._defaults_installed = False
         self.last_eval_metrics: dict[str, float] | None = None
 
     # ---- what a concrete trainer supplies ------------------------------------------------
@@ -318,7 +319,7 @@ class SLTrainer(ABC):
     def _install_default_callbacks(self, run_dir: Path | None, use_wandb: bool) -> None:
         """Metrics JSONL (first, so a row is written before other callbacks see the step),
         TensorBoard, W&B and a progress bar, on rank 0 only."""
-        if getattr(self, "_defaults_installed", False) or not self.coordinator.is_master:
+        if self._defaults_installed or not self.coordinator.is_master:
             return
         self._defaults_installed = True
         from olingo.trainer.callbacks.builtin import (
