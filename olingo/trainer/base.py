@@ -15,8 +15,9 @@ The loop, as the hooks see it (docs/callbacks.md has the full order):
     final checkpoint                                                      -> on_checkpoint
     on_train_end(state, artifacts)     (also when training raised)
 
-Subclasses supply `_forward_backward` (one micro-batch) and `_evaluate` (one eval pass); the
-skeleton owns counting, checkpoints, resume and hook firing, so every trainer gets them right.
+Subclasses supply `_forward_backward` (one micro-batch; or `_train_group` for a whole optimizer
+step) and `_evaluate` (one eval pass); the skeleton owns counting, checkpoints, resume and hook
+firing, so every trainer gets them right.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class SLTrainer(ABC):
 
     # ---- the loop -------------------------------------------------------------------------
     def _run(self, log_dir: str | None, use_wandb: bool) -> LoopArtifacts:
-        """Run the loop over `self.train_dataloader` (set by the subclass's `_before_fit`)."""
+        """Run the loop over `self.train_dataloader` (set by the subclass's `fit`)."""
         if self.train_dataloader is None:
             raise ValueError("fit() needs a training dataloader")
         if not isinstance(self.train_dataloader.sampler, ResumableSampler):
