@@ -25,3 +25,21 @@ def test_readme_reward_model_example_runs(tmp_path, small_pref_file, monkeypatch
     exec(compile(example, "README.md", "exec"), namespace)
     assert (tmp_path / "rm" / "checkpoints" / "final" / "model" / "model.safetensors").exists()
     assert (tmp_path / "rm" / "eval" / "epoch_2.json").exists()
+
+
+@pytest.mark.slow
+def test_readme_sft_example_runs(tmp_path, assets, monkeypatch):
+    from olingo.recipes.common import resolve_path
+
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    example = next(b for b in blocks if "SFTTrainer(" in b)
+    example = (
+        example.replace("path/to/model", resolve_path("builtin:tiny-llama"))
+        .replace("chats.jsonl", str(assets.sft_eval))
+        .replace("./runs/sft", str(tmp_path / "sft"))
+    )
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    assert (tmp_path / "sft" / "checkpoints" / "final" / "model" / "model.safetensors").exists()
+    # 67 rows = 9 batches of 8 = one group of 8 and a short group of 1 (which still steps), x 2 epochs
+    assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 4

@@ -15,7 +15,7 @@ from olingo.booster import Booster, SingleProcessPlugin
 from olingo.config import load_config
 from olingo.dataset import PreferenceCollator, build_preference_dataset
 from olingo.models import RewardModel, load_tokenizer
-from olingo.recipes.common import build_optimizer, build_scheduler
+from olingo.recipes.common import build_optimizer, build_scheduler, resolve_path
 from olingo.recipes.rm import RMConfig, run_rm
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.rm import RewardModelTrainer
@@ -85,8 +85,6 @@ def make_trainer(tmp_path, data_file, *, epochs=2, batch_size=16, accumulation=2
                  callbacks=(), loss_fn=None, eval_pairs=16):
     """The seed-003 usage, with olingo imports: 64 pairs, 2 optimizer steps per epoch."""
     seed_everything(0)
-    from olingo.recipes.common import resolve_path
-
     model_dir = resolve_path("builtin:tiny-llama")
     tokenizer = load_tokenizer(model_dir)
     model = RewardModel.from_pretrained(model_dir, pad_token_id=tokenizer.pad_token_id)
@@ -189,8 +187,6 @@ def test_default_loss_is_logsig_with_beta(tmp_path, small_pref_file):
 
 def test_training_changes_every_parameter_and_artifacts_load_back(tmp_path, small_pref_file):
     from transformers import AutoModelForSequenceClassification
-
-    from olingo.recipes.common import resolve_path
 
     result = run_rm(rm_config(tmp_path, small_pref_file, "smoke", "train.batch_size=8", "train.lr=1e-2"))
     trained = final_weights(result["run_dir"])

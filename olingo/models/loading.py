@@ -25,7 +25,7 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def _explain_load_failure(path: str, err: Exception) -> OSError:
+def explain_load_failure(path: str, err: Exception) -> OSError:
     where = "local directory" if os.path.isdir(path) else "path or hub id"
     return OSError(f"could not load '{path}' ({where}): {err}")
 
@@ -35,7 +35,7 @@ def load_tokenizer(path: str, padding_side: str | None = None) -> PreTrainedToke
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
-        raise _explain_load_failure(path, err) from err
+        raise explain_load_failure(path, err) from err
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(f"tokenizer at '{path}' has neither a pad nor an eos token")
@@ -50,7 +50,7 @@ def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = 
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise _explain_load_failure(path, err) from err
+        raise explain_load_failure(path, err) from err
 
 
 def load_backbone(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
@@ -58,7 +58,7 @@ def load_backbone(path: str, dtype: str = "float32", trust_remote_code: bool = F
     try:
         return AutoModel.from_pretrained(path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
-        raise _explain_load_failure(path, err) from err
+        raise explain_load_failure(path, err) from err
 
 
 def load_safetensors_into(model: torch.nn.Module, directory: str | Path) -> None:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from olingo.models.loading import _explain_load_failure, load_safetensors_into, resolve_dtype
+from olingo.models.loading import explain_load_failure, load_safetensors_into, resolve_dtype
 from olingo.models.utils import last_attended_index, position_ids_from_mask
 
 logger = logging.getLogger("olingo.models")
@@ -59,7 +59,7 @@ class RewardModel(nn.Module):
                 trust_remote_code=trust_remote_code,
             )
         except (OSError, ValueError) as err:
-            raise _explain_load_failure(path, err) from err
+            raise explain_load_failure(path, err) from err
         if pad_token_id is not None:
             model.config.pad_token_id = pad_token_id
         if any(key.startswith("score.") for key in info["missing_keys"]):

@@ -140,12 +140,6 @@ def resume_checkpoint(run: RunConfig, run_dir: Path) -> Path | None:
     return run_dir / row.path
 
 
-def build_plugin(cfg: PluginConfig, max_norm: float | None) -> Plugin:
-    if cfg.name == "ddp":
-        return TorchDDPPlugin(max_norm=max_norm, backend=cfg.backend)
-    return SingleProcessPlugin(max_norm=max_norm)
-
-
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.Optimizer:
     """AdamW; biases and norm weights (1-D tensors) get no weight decay."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -165,11 +159,6 @@ def build_callbacks(specs: list[CallbackSpec]) -> list[Callback]:
     return [build_callback(spec.model_dump()) for spec in specs]
 
 
-def make_booster(plugin_cfg: PluginConfig, max_norm: float | None) -> tuple[Booster, Plugin]:
-    plugin = build_plugin(plugin_cfg, max_norm)
-    return Booster(plugin=plugin), plugin
-
-
 @dataclass
 class RunSetup:
     """What every stage opens before it loads anything: seeded RNG, plugin, run directory."""
@@ -183,7 +172,11 @@ class RunSetup:
 def open_run(run: RunConfig, plugin_cfg: PluginConfig, max_norm: float | None, config: StrictModel) -> RunSetup:
     """Seed once, build the plugin (joining torchrun's process group), create the run directory."""
     seed_everything(run.seed)
-    booster, plugin = make_booster(plugin_cfg, max_norm)
+    if plugin_cfg.name == "ddp":
+        plugin: Plugin = TorchDDPPlugin(max_norm=max_norm, backend=plugin_cfg.backend)
+    else:
+        plugin = SingleProcessPlugin(max_norm=max_norm)
+    booster = Booster(plugin=plugin)
     coordinator = DistCoordinator()
     run_dir = prepare_run_dir(run, config, coordinator.is_master)
     coordinator.barrier()

@@ -33,6 +33,9 @@ def score_pairs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple
     return scores.chunk(2)
 
 
+PAIR_STATS = ("loss", "reward_chosen", "reward_rejected", "dist", "acc")
+
+
 def pair_stats(chosen: torch.Tensor, rejected: torch.Tensor, loss: torch.Tensor) -> dict[str, torch.Tensor]:
     """Detached per-batch means of the reward-model metrics."""
     return {
@@ -114,14 +117,12 @@ class RewardModelTrainer(SLTrainer):
 
     def _evaluate(self) -> dict[str, float]:
         """Pair-weighted means over the whole eval set, summed across ranks."""
-        totals = torch.zeros(6, device=self.booster.device)
+        totals = torch.zeros(len(PAIR_STATS) + 1, device=self.booster.device)  # stats..., pairs
         for batch in self.eval_dataloader:
             chosen, rejected = score_pairs(self.model, self._to_device(batch))
-            loss = self.loss_fn(chosen, rejected)
-            n = chosen.shape[0]
-            stats = pair_stats(chosen, rejected, loss)
-            totals += torch.stack([stats[k] * n for k in ("loss", "reward_chosen", "reward_rejected", "dist", "acc")] + [torch.tensor(float(n), device=totals.device)])
+            stats = pair_stats(chosen, rejected, self.loss_fn(chosen, rejected))
+            row = torch.stack([*(stats[name] for name in PAIR_STATS), torch.ones((), device=totals.device)])
+            totals += row * chosen.shape[0]
         totals = self.plugin.all_reduce_sum(totals)
-        count = totals[-1].clamp(min=1)
-        names = ("loss", "reward_chosen", "reward_rejected", "dist", "acc")
-        return {name: float(totals[i] / count) for i, name in enumerate(names)} | {"pairs": float(totals[-1])}
+        pairs = float(totals[-1])
+        return {name: float(totals[i]) / max(pairs, 1.0) for i, name in enumerate(PAIR_STATS)} | {"pairs": pairs}
