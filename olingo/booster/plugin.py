@@ -103,8 +103,12 @@ class Plugin:
         num_workers: int = 0,
         pin_memory: bool = False,
         even: bool = True,
+        drop_last: bool = False,
     ) -> DataLoader:
-        """A DataLoader over this rank's shard with a `ResumableSampler`; `batch_size` is per rank."""
+        """A DataLoader over this rank's shard with a `ResumableSampler`; `batch_size` is per rank.
+
+        `drop_last` drops each epoch's short last batch (PPO's prompt loader: every rollout
+        batch then has the same size, so every episode takes the same number of steps)."""
         sampler = ResumableSampler(
             len(dataset),  # type: ignore[arg-type]
             num_replicas=self.coordinator.world_size,
@@ -115,7 +119,7 @@ class Plugin:
         )
         return DataLoader(
             dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
-            num_workers=num_workers, pin_memory=pin_memory, drop_last=False,
+            num_workers=num_workers, pin_memory=pin_memory, drop_last=drop_last,
         )
 
     # ---- checkpoints -----------------------------------------------------------------------

@@ -6,17 +6,10 @@ import argparse
 import logging
 import os
 import sys
-from importlib import resources
 from pathlib import Path
 
 from olingo.config import ConfigError, config_help, load_config
-
-CONFIGS = resources.files("olingo") / "configs"
-
-
-def packaged_config(name: str) -> Path:
-    """Path of a config shipped inside the package (olingo/configs/<name>)."""
-    return Path(str(CONFIGS / name))
+from olingo.recipes.common import packaged_config
 
 
 def setup_logging() -> None:
@@ -47,23 +40,36 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str, summary: str, conf
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from olingo.recipes.ppo import PPOConfig
     from olingo.recipes.rm import RMConfig
     from olingo.recipes.sft import SFTConfig
 
-    parser = argparse.ArgumentParser(prog="olingo", description="RLHF post-training: SFT and reward models (PPO next) from a laptop CPU to a GPU cluster.")
+    parser = argparse.ArgumentParser(prog="olingo", description="RLHF post-training: SFT, reward models and PPO, from a laptop CPU to a GPU cluster.")
     sub = parser.add_subparsers(dest="command", required=True)
     sft = _stage_parser(sub, "sft", "supervised fine-tuning of a causal LM on assistant tokens", SFTConfig, "sft_tiny.yaml")
     sft.set_defaults(handler=_cmd_sft)
     rm = _stage_parser(sub, "rm", "train a reward model on preference pairs", RMConfig, "rm_tiny.yaml")
     rm.set_defaults(handler=_cmd_rm)
+    ppo = _stage_parser(sub, "ppo", "PPO from an SFT model against a reward model or reward functions", PPOConfig, "ppo_tiny.yaml")
+    ppo.set_defaults(handler=_cmd_ppo)
     demo = sub.add_parser(
         "demo",
-        help="SFT then a reward model on the embedded arithmetic task; reports held-out results",
-        description="Runs olingo/configs/sft_tiny.yaml, then rm_tiny.yaml starting from the SFT model, "
-        "each a normal run directory under --output-dir, and prints held-out results.",
+        help="SFT -> reward model -> PPO on the embedded arithmetic task; before/after table and plots",
+        description="Runs olingo/configs/sft_tiny.yaml, then rm_tiny.yaml from the SFT model, then ppo_tiny.yaml "
+        "with the SFT model as actor and the reward model as reward and critic start; each stage is a normal run "
+        "directory under --output-dir. Prints held-out results before and after PPO and writes PNG plots "
+        "(<run>/plots/).",
     )
     demo.add_argument("--output-dir", default="runs", help="parent of the run directories (default: runs)")
     demo.set_defaults(handler=_cmd_demo)
+    report = sub.add_parser(
+        "report",
+        help="plot a run's metrics (reward, KL, losses, ...) as PNGs and print a summary",
+        description="Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/plots/*.png, then prints first/last/min/max per metric.",
+    )
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory (holds metrics.jsonl)")
+    report.add_argument("--smooth", type=int, default=None, help="moving-average window (default: automatic; 0 = none)")
+    report.set_defaults(handler=_cmd_report)
     return parser
 
 
@@ -97,22 +103,36 @@ def _cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from olingo.recipes.common import resolve_path
-    from olingo.recipes.rm import RMConfig, run_rm
-    from olingo.recipes.sft import SFTConfig, run_sft
-    from olingo.tasks.evaluate import greedy_accuracy
+def _cmd_ppo(args: argparse.Namespace) -> int:
+    from olingo.recipes.ppo import run_ppo
 
-    common = [f"run.output_dir={args.output_dir}", "run.overwrite=true"]
-    sft = run_sft(load_config(SFTConfig, packaged_config("sft_tiny.yaml"), [*common, "run.name=demo-sft"]))
-    rm = run_rm(load_config(RMConfig, packaged_config("rm_tiny.yaml"), [*common, "run.name=demo-rm", f"model.path={sft['final_model']}"]))
-    base_acc, sft_acc = greedy_accuracy(resolve_path("builtin:tiny-llama")), greedy_accuracy(sft["final_model"])
-    print("\n== olingo demo: the embedded arithmetic task (held-out prompts never seen in training) ==")
-    print(f"{'stage':<14}{'metric':<44}{'value':>8}")
-    print(f"{'base model':<14}{'greedy answer accuracy':<44}{base_acc:>8.3f}")
-    print(f"{'SFT':<14}{'greedy answer accuracy':<44}{sft_acc:>8.3f}")
-    print(f"{'reward model':<14}{'pairwise accuracy (correct > wrong answer)':<44}{rm['eval']['eval/acc']:>8.3f}")
-    print(f"run directories: {sft['run_dir']}, {rm['run_dir']}  (metrics.jsonl, tb/, checkpoints/final/model)")
+    result = run_ppo(_load(args))
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"run directory: {result['run_dir']}")
+        print(f"final actor:   {result['final_model']}")
+        for name, value in (result["eval"] or {}).items():
+            print(f"held-out {name}: {value:.4f}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from olingo.report import format_summary, summarize, write_report
+
+    for run_dir in args.run_dirs:
+        try:
+            paths = write_report(run_dir, smooth=args.smooth)
+        except (FileNotFoundError, ValueError) as err:
+            print(f"olingo report: {err}", file=sys.stderr)
+            return 2
+        print(f"{run_dir}: wrote {len(paths)} plots to {Path(run_dir) / 'plots'}")
+        print(format_summary(summarize(run_dir)))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from olingo.recipes.demo import run_demo
+
+    run_demo(args.output_dir)
     return 0
 
 

@@ -68,3 +68,41 @@ class ResumableSampler(Sampler[int]):
     def __len__(self) -> int:
         total = self._padded_size() - self.start
         return max(0, (total - self.rank + self.num_replicas - 1) // self.num_replicas)
+
+
+class CyclicLoader:
+    """Endless batches from a DataLoader built on a `ResumableSampler`, epoch after epoch.
+
+    The position (epoch, batches of that epoch already drawn) is what a checkpoint stores;
+    `load_state_dict` restarts exactly there. Used for PPO's prompt and pretrain loaders,
+    which are read a batch at a time across episodes rather than epoch by epoch.
+    """
+
+    def __init__(self, loader) -> None:  # noqa: ANN001 - a torch DataLoader
+        if not isinstance(loader.sampler, ResumableSampler):
+            raise TypeError("build the dataloader with plugin.prepare_dataloader(...) so it shards and resumes")
+        if len(loader) == 0:
+            raise ValueError(f"the dataloader yields no batch: {loader.sampler.num_samples} rows are fewer than one batch of {loader.batch_size} per process")
+        self.loader = loader
+        self.epoch = 0
+        self.consumed = 0  # batches of `epoch` already drawn (per rank)
+        self._iterator: Iterator | None = None
+
+    def next(self):  # noqa: ANN201 - whatever the loader's collate_fn returns
+        if self._iterator is None:
+            sampler: ResumableSampler = self.loader.sampler  # type: ignore[assignment]
+            sampler.set_epoch(self.epoch, start=self.consumed * self.loader.batch_size * sampler.num_replicas)
+            self._iterator = iter(self.loader)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            self.epoch, self.consumed, self._iterator = self.epoch + 1, 0, None
+            return self.next()
+        self.consumed += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.consumed, self._iterator = state["epoch"], state["consumed"], None

@@ -2,6 +2,8 @@
 
 Pairwise reward-model losses follow the Bradley-Terry model of preferences used by
 InstructGPT (Ouyang et al., 2022, eq. 1): P(chosen > rejected) = sigmoid(r_c - r_r).
+The PPO actor and critic losses follow Schulman et al. 2017, "Proximal Policy Optimization
+Algorithms".
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from olingo.models.functional import masked_mean
 
 
 class LogSigLoss(nn.Module):
@@ -67,3 +71,83 @@ class GPTLMLoss(nn.Module):
             loss_mask = torch.ones_like(input_ids)
         total, count = token_nll(logits, input_ids, loss_mask)
         return total / count.clamp(min=1)
+
+
+class PolicyLoss(nn.Module):
+    """PPO's clipped surrogate objective, negated (Schulman et al. 2017, eq. 7).
+
+    log_probs, old_log_probs, advantages, action_mask: (B, A). ratio = exp(logp - logp_old);
+    loss_t = -min(ratio A_t, clip(ratio, 1 - eps, 1 + eps) A_t), averaged over each sequence's
+    masked tokens, then over the B sequences (so every sequence weighs the same, however long).
+    Returns (loss, skip, stats). `skip` is True when the mean ratio over masked tokens exceeds
+    `skip_threshold`: the policy has diverged from the one that sampled, and ColossalChat skips
+    that update. stats (detached scalars): clipfrac, approx_kl (k3 estimate of KL(old || new)),
+    ratio_max, ratio_mean.
+    """
+
+    def __init__(self, clip_eps: float = 0.2, skip_threshold: float = 20.0) -> None:
+        super().__init__()
+        self.clip_eps = clip_eps
+        self.skip_threshold = skip_threshold
+
+    def forward(
+        self,
+        log_probs: torch.Tensor,
+        old_log_probs: torch.Tensor,
+        advantages: torch.Tensor,
+        action_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, bool, dict[str, torch.Tensor]]:
+        mask = action_mask.bool()
+        # Zero the log-ratio of padding before exp: garbage there could overflow to inf, and
+        # inf * 0 would put NaN into the gradient even though the loss masks it out.
+        log_ratio = torch.where(mask, log_probs - old_log_probs, torch.zeros_like(log_probs))
+        ratio = log_ratio.exp()
+        advantages = torch.where(mask, advantages, torch.zeros_like(advantages))
+        clipped = ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps)
+        token_loss = -torch.min(ratio * advantages, clipped * advantages)
+        loss = masked_mean(token_loss, mask, dim=-1).mean()
+        with torch.no_grad():
+            ratio_mean = masked_mean(ratio, mask)
+            stats = {
+                "clipfrac": masked_mean(((ratio - 1).abs() > self.clip_eps).to(ratio.dtype), mask),
+                "approx_kl": masked_mean((ratio - 1) - log_ratio, mask),
+                # ratio > 0, so 0 at padding never wins the max unless the mask is empty.
+                "ratio_max": torch.where(mask, ratio, torch.zeros_like(ratio)).max(),
+                "ratio_mean": ratio_mean,
+            }
+        return loss, bool(ratio_mean > self.skip_threshold), stats
+
+
+class ValueLoss(nn.Module):
+    """PPO's clipped value loss (Schulman et al. 2017, as implemented in OpenAI baselines ppo2).
+
+    values, old_values, returns, action_mask: (B, A). v_clip = old + clip(v - old, -eps, eps);
+    loss_t = max((v_clip - R)^2, (v - R)^2), or (v - R)^2 when clip_eps is None or 0. Loss =
+    0.5 * (mean over each sequence's masked tokens, then over the batch). Returns (loss, stats);
+    stats["value_clipfrac"] is the share of masked tokens where the clipped term is strictly
+    larger (0 without clipping).
+    """
+
+    def __init__(self, clip_eps: float | None = 0.2) -> None:
+        super().__init__()
+        self.clip_eps = clip_eps
+
+    def forward(
+        self,
+        values: torch.Tensor,
+        old_values: torch.Tensor,
+        returns: torch.Tensor,
+        action_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        token_loss = (values - returns) ** 2
+        clipfrac = torch.zeros((), dtype=values.dtype, device=values.device)
+        if self.clip_eps:
+            # The max keeps the critic from moving far from the values that made the advantages,
+            # unless the move is towards the return.
+            v_clip = old_values + (values - old_values).clamp(-self.clip_eps, self.clip_eps)
+            clipped_loss = (v_clip - returns) ** 2
+            with torch.no_grad():
+                clipfrac = masked_mean((clipped_loss > token_loss).to(values.dtype), action_mask)
+            token_loss = torch.max(clipped_loss, token_loss)
+        loss = 0.5 * masked_mean(token_loss, action_mask, dim=-1).mean()
+        return loss, {"value_clipfrac": clipfrac}

@@ -60,19 +60,24 @@ class LoggingConfig(StrictModel):
     progress: bool = Field(True, description="show a progress bar")
 
 
-class OptimConfig(StrictModel):
-    """Optimisation shared by supervised stages."""
+class OptimizerConfig(StrictModel):
+    """AdamW with a cosine schedule, for one trained model."""
 
-    epochs: int = Field(3, description="passes over the training data")
-    batch_size: int = Field(8, description="rows per micro-batch per process")
-    eval_batch_size: int = Field(32, description="rows per evaluation batch per process")
-    accumulation_steps: int = Field(1, description="micro-batches per optimizer step")
     lr: float = Field(5e-6, description="peak learning rate")
     weight_decay: float = Field(0.1, description="AdamW weight decay (not on biases and norms)")
     adam_betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
     warmup_ratio: float = Field(0.025, description="fraction of optimizer steps spent warming up")
     min_lr_ratio: float = Field(0.1, description="cosine schedule floor as a fraction of lr")
     max_grad_norm: float | None = Field(1.0, description="clip the gradient norm (null: no clipping)")
+
+
+class OptimConfig(OptimizerConfig):
+    """Optimisation shared by supervised stages."""
+
+    epochs: int = Field(3, description="passes over the training data")
+    batch_size: int = Field(8, description="rows per micro-batch per process")
+    eval_batch_size: int = Field(32, description="rows per evaluation batch per process")
+    accumulation_steps: int = Field(1, description="micro-batches per optimizer step")
     save_interval: int = Field(0, description="checkpoint every N optimizer steps (0: only the final one)")
     eval_interval: int = Field(0, description="evaluate every N optimizer steps as well as after each epoch")
 
@@ -82,6 +87,13 @@ class CallbackSpec(StrictModel):
 
     kind: str = Field(..., description="registered callback name, e.g. early_stopping")
     params: dict = Field(default_factory=dict, description="constructor arguments")
+
+
+def packaged_config(name: str) -> Path:
+    """Path of a config shipped inside the package (olingo/configs/<name>)."""
+    from importlib import resources
+
+    return Path(str(resources.files("olingo") / "configs" / name))
 
 
 def assets_root() -> Path:
@@ -169,13 +181,17 @@ class RunSetup:
     run_dir: Path
 
 
-def open_run(run: RunConfig, plugin_cfg: PluginConfig, max_norm: float | None, config: StrictModel) -> RunSetup:
-    """Seed once, build the plugin (joining torchrun's process group), create the run directory."""
-    seed_everything(run.seed)
+def make_plugin(plugin_cfg: PluginConfig, max_norm: float | None) -> Plugin:
+    """The configured plugin (joining torchrun's process group for ddp), clipping at `max_norm`."""
     if plugin_cfg.name == "ddp":
-        plugin: Plugin = TorchDDPPlugin(max_norm=max_norm, backend=plugin_cfg.backend)
-    else:
-        plugin = SingleProcessPlugin(max_norm=max_norm)
+        return TorchDDPPlugin(max_norm=max_norm, backend=plugin_cfg.backend)
+    return SingleProcessPlugin(max_norm=max_norm)
+
+
+def open_run(run: RunConfig, plugin_cfg: PluginConfig, max_norm: float | None, config: StrictModel) -> RunSetup:
+    """Seed once, build the plugin, create the run directory."""
+    seed_everything(run.seed)
+    plugin = make_plugin(plugin_cfg, max_norm)
     booster = Booster(plugin=plugin)
     coordinator = DistCoordinator()
     run_dir = prepare_run_dir(run, config, coordinator.is_master)
@@ -189,10 +205,15 @@ def loaders_and_optimizer(setup: RunSetup, train: OptimConfig, seed: int, model:
     train_loader = plugin.prepare_dataloader(train_set, train.batch_size, shuffle=True, seed=seed, collate_fn=collate)
     eval_loader = plugin.prepare_dataloader(eval_set, train.eval_batch_size, shuffle=False, collate_fn=collate, even=False) if eval_set else None
     total_steps = train.epochs * optimizer_steps_per_epoch(len(train_loader), train.accumulation_steps)
-    optimizer = build_optimizer(model, train.lr, train.weight_decay, train.adam_betas)
-    scheduler = build_scheduler(optimizer, total_steps, train.warmup_ratio, train.min_lr_ratio)
+    optimizer, scheduler = optimizer_and_schedule(model, train, total_steps)
     logger.info("%d training rows, %d optimizer steps, run directory %s", len(train_set), total_steps, setup.run_dir)
     return train_loader, eval_loader, optimizer, scheduler
+
+
+def optimizer_and_schedule(model: torch.nn.Module, cfg: OptimizerConfig, total_steps: int):
+    """AdamW for `model` and its cosine schedule over `total_steps` optimizer steps."""
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.adam_betas)
+    return optimizer, build_scheduler(optimizer, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
 
 
 def fit_run(trainer: SLTrainer, cfg: StrictModel, setup: RunSetup, train_loader, eval_loader) -> dict:

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
 from olingo.dataset.sampler import ResumableSampler
+from olingo.trainer._support import callback_states, default_callbacks, restore_callback_states
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager
 from olingo.trainer.utils import optimizer_steps_per_epoch, rng_state, set_rng_state
@@ -303,38 +304,15 @@ class SLTrainer(ABC):
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", directory, self.state.step, *self._resume_position)
 
     def _callback_states(self) -> dict[str, Any]:
-        """State of callbacks that define `state_dict()`, keyed by class and position."""
-        return {
-            f"{i}:{type(cb).__name__}": cb.state_dict()
-            for i, cb in enumerate(self.callbacks)
-            if callable(getattr(cb, "state_dict", None))
-        }
+        return callback_states(self.callbacks)
 
     def _restore_callback_states(self) -> None:
-        for i, cb in enumerate(self.callbacks):
-            key = f"{i}:{type(cb).__name__}"
-            if key in self._pending_callback_states and callable(getattr(cb, "load_state_dict", None)):
-                cb.load_state_dict(self._pending_callback_states[key])
+        restore_callback_states(self.callbacks, self._pending_callback_states)
         self._pending_callback_states = {}
 
     def _install_default_callbacks(self, run_dir: Path | None, use_wandb: bool) -> None:
-        """Metrics JSONL (first, so a row is written before other callbacks see the step),
-        TensorBoard, W&B and a progress bar, on rank 0 only."""
+        """Default loggers (see `default_callbacks`) in front of the user's, on rank 0 only."""
         if self._defaults_installed or not self.coordinator.is_master:
             return
         self._defaults_installed = True
-        from olingo.trainer.callbacks.builtin import (
-            JsonlMetrics,
-            ProgressBar,
-            TensorBoardLogger,
-            WandbLogger,
-        )
-
-        defaults: list[Callback] = []
-        if run_dir is not None:
-            defaults += [JsonlMetrics(), TensorBoardLogger()]
-        if use_wandb:
-            defaults.append(WandbLogger())
-        if self.show_progress:
-            defaults.append(ProgressBar())
-        self.callbacks[:0] = defaults
+        self.callbacks[:0] = default_callbacks(run_dir, use_wandb, self.show_progress)

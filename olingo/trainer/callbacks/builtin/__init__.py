@@ -9,6 +9,8 @@
 | `progress`       | `ProgressBar`       | a tqdm bar on stderr                                 |
 | `print_metrics`  | `PrintMetrics`      | one log line per N steps (logger `olingo.metrics`)   |
 | `early_stopping` | `EarlyStopping`     | nothing; calls `state.request_stop()`                |
+| `rollout_samples`| `RolloutSamples`    | `samples.jsonl`: decoded rollouts every N steps (PPO) |
+| `performance`    | `PerformanceEvaluator` | `perf.json`: generation vs learning time, throughput (PPO) |
 
 Every module of this package is imported here so that importing the package registers all of
 them. Loggers write only on the master process (`state.is_master`). On a resumed run
@@ -19,7 +21,9 @@ steps after `state.step`, since the resumed run recomputes those steps identical
 from olingo.trainer.callbacks.builtin.csv_metrics import CsvMetrics
 from olingo.trainer.callbacks.builtin.early_stopping import EarlyStopping
 from olingo.trainer.callbacks.builtin.jsonl import JsonlMetrics, read_metrics
+from olingo.trainer.callbacks.builtin.performance import PerformanceEvaluator
 from olingo.trainer.callbacks.builtin.progress import PrintMetrics, ProgressBar
+from olingo.trainer.callbacks.builtin.samples import RolloutSamples
 from olingo.trainer.callbacks.builtin.tensorboard_logger import TensorBoardLogger
 from olingo.trainer.callbacks.builtin.wandb_logger import WandbLogger
 
@@ -27,8 +31,10 @@ __all__ = [
     "CsvMetrics",
     "EarlyStopping",
     "JsonlMetrics",
+    "PerformanceEvaluator",
     "PrintMetrics",
     "ProgressBar",
+    "RolloutSamples",
     "TensorBoardLogger",
     "WandbLogger",
     "read_metrics",

@@ -68,7 +68,8 @@ class WandbLogger(Callback):
     messages from wandb are silenced unless WANDB_SILENT is set explicitly. The run id is kept
     in `<output_dir>/wandb_id.txt`; a resumed run (`state.step > 0`) reuses it with
     `resume="allow"` (online, W&B ignores re-logged steps it already has). `finish()` runs at
-    train end with exit_code=1 after a crash. Only the master process logs.
+    train end with exit_code=1 after a crash. Only the master process logs. Rollout samples that
+`rollout_samples` leaves in `state.extra["samples_table"]` are logged as a W&B table.
     """
 
     def __init__(
@@ -115,6 +116,11 @@ class WandbLogger(Callback):
         self, state: LoopState, step_idx: int, batch: Any, metrics: dict[str, float]
     ) -> None:
         self._log(step_idx, metrics)
+        table = state.extra.get("samples_table")
+        if self.run is not None and table is not None and table["step"] == step_idx:
+            import wandb
+
+            self.run.log({"rollout/samples": wandb.Table(columns=table["columns"], data=table["rows"])}, step=int(step_idx))
 
     def on_eval(
         self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]

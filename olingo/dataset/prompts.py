@@ -1,0 +1,104 @@
+"""Prompt data for rollouts: conversations -> prompt token ids (ending with the generation
+prompt) plus an optional ground-truth answer for verifiable rewards.
+
+Accepted rows:
+    {"prompt": str | messages, "gt_answer": str?}
+    {"messages": [{"role", "content"}, ...], "gt_answer": str?}     (a trailing assistant turn is dropped)
+    {"messages": [{"from", "content"}, ...]}                           (ColossalChat)
+`gt_answer` may also be spelled `answer`; numbers are accepted and turned into strings.
+Prompts longer than max_length keep their end (the question and the generation prompt).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from olingo.dataset.chat_tokens import encode_chat
+from olingo.dataset.errors import type_name
+from olingo.dataset.messages import RowRef, missing_reason, parse_messages, parse_turns
+from olingo.dataset.preference_dataset import tokenize_sources
+
+ANSWER_KEYS = ("gt_answer", "answer")
+
+
+def parse_prompt_row(raw: dict[str, Any], source: str = "<data>", row: int | None = None) -> tuple[list[dict[str, str]], str | None]:
+    """(messages ending with a user/system turn, gt_answer or None); DataError on bad rows."""
+    ref = RowRef(source, row)
+    if raw.get("messages") is not None:
+        value = raw["messages"]
+        if not isinstance(value, list) or not value:
+            raise ref.error("messages", "expected a non-empty list of messages")
+        role_key = "from" if isinstance(value[0], dict) and "from" in value[0] else "role"
+        messages = parse_messages(value, "messages", ref, role_key=role_key)
+        if messages[-1]["role"] == "assistant":  # a full conversation: the policy answers anew
+            messages = messages[:-1]
+        field = "messages"
+    elif raw.get("prompt") is not None:
+        messages = parse_turns(raw["prompt"], "prompt", ref, role_key="role", string_role="user")
+        field = "prompt"
+    else:
+        raise ref.error("prompt", f"{missing_reason(raw)}; expected 'prompt' or 'messages'")
+    if not messages or messages[-1]["role"] == "assistant":
+        raise ref.error(field, "a prompt must end with a user or system turn")
+    return messages, _answer(raw, ref)
+
+
+def _answer(raw: dict[str, Any], ref: RowRef) -> str | None:
+    for key in ANSWER_KEYS:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ref.error(key, f"expected a string or a number, got {type_name(value)}")
+        return str(value)
+    return None
+
+
+class PromptDataset(Dataset):
+    """Items: {"input_ids": list[int], "gt_answer": str | None}, unpadded."""
+
+    def __init__(self, items: list[dict[str, Any]], num_skipped: int = 0) -> None:
+        self.items = items
+        self.num_skipped = num_skipped
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.items[index]
+
+
+def build_prompt_dataset(
+    sources: str | list[str], tokenizer: Any, max_length: int, *, skip_invalid: bool = False, split: str | None = None
+) -> PromptDataset:
+    """Validate and tokenise every prompt up front (errors name file, row and field)."""
+
+    def make_item(source: str, row: int, raw: dict[str, Any]) -> dict[str, Any]:
+        messages, answer = parse_prompt_row(raw, source, row)
+        ids = encode_chat(tokenizer, messages, add_generation_prompt=True)
+        return {"input_ids": ids[-max_length:], "gt_answer": answer}
+
+    items, skipped = tokenize_sources(sources, tokenizer, max_length, make_item, skip_invalid=skip_invalid, split=split, kind="prompt")
+    return PromptDataset(items, num_skipped=skipped)
+
+
+@dataclass(frozen=True)
+class PromptCollator:
+    """Left-pads prompts (generation appends on the right): input_ids, attention_mask (B, P),
+    and gt_answer, a list of B strings or Nones."""
+
+    pad_token_id: int
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        width = max(len(item["input_ids"]) for item in items)
+        ids = torch.full((len(items), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(items), width), dtype=torch.long)
+        for row, item in enumerate(items):
+            n = len(item["input_ids"])
+            ids[row, width - n :] = torch.tensor(item["input_ids"])
+            mask[row, width - n :] = 1
+        return {"input_ids": ids, "attention_mask": mask, "gt_answer": [item["gt_answer"] for item in items]}

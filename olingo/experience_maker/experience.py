@@ -1,0 +1,171 @@
+"""`Experience`: one batch of scored rollouts, everything the PPO learn phase needs.
+
+Layout (DESIGN.md §4.1): `sequences = [left-padded prompt | response, right-padded]`, shape
+(B, P + A). Every per-token tensor is (B, A) and its column j is response token j; `action_mask`
+covers the response up to and including the stop token and nothing after. `values[:, j]` is the
+critic's value of the state *before* response token j (the prefix it was sampled from), and
+`action_log_probs[:, j]` the log-probability of token j under the rollout policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import torch
+
+# Fields with one row per sequence; the rest are scalars or metadata.
+PER_TOKEN = ("action_log_probs", "base_action_log_probs", "values", "kl", "rewards", "advantages", "returns")
+
+
+@dataclass
+class Experience:
+    """A batch of B rollouts with P prompt columns and A response columns.
+
+    Attributes:
+        sequences: (B, P+A) long. Prompt tokens (left-padded) then response tokens (pad after the end).
+        attention_mask: (B, P+A) long. 1 on real prompt tokens and on `action_mask` positions.
+        action_mask: (B, A) bool. Response tokens up to and including the stop token.
+        action_log_probs: (B, A) float. log pi_old(token j): the policy that generated the batch.
+        base_action_log_probs: (B, A) float. log pi_ref(token j): the frozen initial model.
+        values: (B, A) float. V_old(state before token j) from the critic at rollout time.
+        kl: (B, A) float. Per-token KL estimate between the policy and the reference.
+        rewards: (B, A) float. Per-token reward: -kl_coef * kl, plus the score at the last token.
+        advantages: (B, A) float. GAE advantages (whitened when the maker is told to).
+        returns: (B, A) float. advantages (before whitening) + values: the critic's targets.
+        score: (B,) float. Sequence reward after normalisation/clipping/penalties, as trained on.
+        raw_score: (B,) float. The reward model's (or reward functions') output before any of that.
+        truncated: (B,) bool. The response hit max_new_tokens without a stop.
+        policy_version: optimizer steps the actor had taken when it generated this batch.
+        info: per-batch scalar diagnostics (mean reward, KL, response length, ...).
+    """
+
+    sequences: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    action_log_probs: torch.Tensor
+    base_action_log_probs: torch.Tensor
+    values: torch.Tensor
+    kl: torch.Tensor
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    score: torch.Tensor
+    raw_score: torch.Tensor
+    truncated: torch.Tensor
+    policy_version: int = 0
+    info: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return self.sequences.shape[0]
+
+    @property
+    def num_actions(self) -> int:
+        return self.action_mask.shape[1]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.sequences.shape[1] - self.action_mask.shape[1]
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+
+    def to_device(self, device: torch.device | str) -> Experience:
+        """A copy with every tensor on `device`."""
+        return replace(self, **{name: t.to(device) for name, t in self.tensors().items()})
+
+    def pin_memory(self) -> Experience:
+        return replace(self, **{name: t.pin_memory() for name, t in self.tensors().items()})
+
+
+@dataclass
+class BufferItem:
+    """One rollout of an `Experience`, stored without padding: P_i prompt and A_i response tokens.
+
+    Attributes:
+        prompt: (P_i,) long, the real prompt tokens.
+        response: (A_i,) long, the response up to and including the stop token.
+        per_token: each of `PER_TOKEN`'s fields as an (A_i,) tensor.
+        score, raw_score: () float. truncated: () bool. policy_version: int.
+    """
+
+    prompt: torch.Tensor
+    response: torch.Tensor
+    per_token: dict[str, torch.Tensor]
+    score: torch.Tensor
+    raw_score: torch.Tensor
+    truncated: torch.Tensor
+    policy_version: int
+
+
+def split_experience_batch(experience: Experience) -> list[BufferItem]:
+    """The B rollouts of a batch as unpadded items (the inverse of `make_experience_batch`)."""
+    num_prompt = experience.num_prompt_tokens
+    items = []
+    for i in range(experience.batch_size):
+        prompt_mask = experience.attention_mask[i, :num_prompt].bool()
+        length = int(experience.action_mask[i].sum())
+        items.append(
+            BufferItem(
+                prompt=experience.sequences[i, :num_prompt][prompt_mask],
+                response=experience.sequences[i, num_prompt : num_prompt + length],
+                per_token={name: getattr(experience, name)[i, :length] for name in PER_TOKEN},
+                score=experience.score[i],
+                raw_score=experience.raw_score[i],
+                truncated=experience.truncated[i],
+                policy_version=experience.policy_version,
+            )
+        )
+    return items
+
+
+def make_experience_batch(items: list[BufferItem], pad_token_id: int = 0) -> Experience:
+    """Pad items back into one `Experience`: prompts left-padded, responses right-padded.
+
+    Padding is to the longest prompt and the longest response of these items only, so a
+    minibatch never carries more columns than it needs. `policy_version` is the oldest
+    item's (the most off-policy data in the batch); `info` is empty.
+    """
+    if not items:
+        raise ValueError("make_experience_batch needs at least one item")
+    num_prompt = max(item.prompt.numel() for item in items)
+    num_actions = max(item.response.numel() for item in items)
+    batch = len(items)
+    sequences = torch.full((batch, num_prompt + num_actions), pad_token_id, dtype=items[0].prompt.dtype)
+    attention_mask = torch.zeros((batch, num_prompt + num_actions), dtype=torch.long)
+    action_mask = torch.zeros((batch, num_actions), dtype=torch.bool)
+    per_token = {name: torch.zeros((batch, num_actions), dtype=items[0].per_token[name].dtype) for name in PER_TOKEN}
+    for i, item in enumerate(items):
+        p, a = item.prompt.numel(), item.response.numel()
+        sequences[i, num_prompt - p : num_prompt] = item.prompt
+        sequences[i, num_prompt : num_prompt + a] = item.response
+        attention_mask[i, num_prompt - p : num_prompt + a] = 1
+        action_mask[i, :a] = True
+        for name in PER_TOKEN:
+            per_token[name][i, :a] = item.per_token[name]
+    return Experience(
+        sequences=sequences,
+        attention_mask=attention_mask,
+        action_mask=action_mask,
+        score=torch.stack([item.score for item in items]),
+        raw_score=torch.stack([item.raw_score for item in items]),
+        truncated=torch.stack([item.truncated for item in items]),
+        policy_version=min(item.policy_version for item in items),
+        **per_token,
+    )
+
+
+def experience_info(experience: Experience) -> dict[str, Any]:
+    """Scalar rollout diagnostics of one batch (the `rollout/...` metrics)."""
+    mask = experience.action_mask.float()
+    lengths = mask.sum(dim=-1)
+    per_seq_kl = (experience.kl * mask).sum(dim=-1)
+    return {
+        "reward_mean": float(experience.raw_score.float().mean()),
+        "reward_std": float(experience.raw_score.float().std(unbiased=False)),
+        "score_mean": float(experience.score.float().mean()),
+        "kl": float(per_seq_kl.mean()),
+        "response_length": float(lengths.mean()),
+        "truncated": float(experience.truncated.float().mean()),
+    }

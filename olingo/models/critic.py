@@ -1,0 +1,20 @@
+"""`Critic`: the PPO value model, a `RewardModel` read at every position instead of the last.
+
+Same weights and directory format as a reward model (a `*ForSequenceClassification` with one
+label), so a critic usually starts from the trained reward model, as InstructGPT's did, and a
+saved critic loads back with `Critic.from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from olingo.models.reward_model import RewardModel
+
+
+class Critic(RewardModel):
+    """Backbone + value head; `forward` returns a value per position, shape (B, L)."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        """input_ids, attention_mask: (B, L) -> values (B, L); position t values the prefix ..t."""
+        return self.values(input_ids, attention_mask)

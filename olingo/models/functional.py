@@ -1,0 +1,243 @@
+"""Pure tensor maths for RLHF: masked statistics, log-probabilities, KL, rewards, GAE.
+
+Conventions: per-token RL tensors are (B, A), column j being response token j. `action_mask`
+(B, A) is 1/True on real response tokens and 0 on the padding after the stop token (any
+nonzero value counts as 1). Masked-out entries of every output are exactly 0, and a row whose
+mask is all zero gives 0, never NaN. No function here detaches its inputs: callers that build
+experience run them under `torch.no_grad()`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+KLEstimator = Literal["k1", "k2", "k3"]
+RewardPlacement = Literal["last", "every"]
+
+
+def _as_bool(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return mask.bool().expand_as(like)
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of `x` over entries where `mask` is nonzero.
+
+    x: any shape; mask: broadcastable to x. dim=None gives a scalar over all masked entries;
+    dim=-1 gives one value per row. `torch.where` (not multiplication) so that inf or NaN in
+    masked-out entries, e.g. log-probabilities of padding, neither leak into the value nor
+    into the gradient.
+    """
+    kept = torch.where(_as_bool(mask, x), x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return kept.sum() if dim is None else kept.sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of `x` over entries where `mask` is nonzero; 0 where there are none.
+
+    Shapes as `masked_sum`: dim=None gives a scalar, dim=-1 gives (B,) for x of shape (B, A).
+    """
+    count = masked_sum(torch.ones_like(x), mask, dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = False) -> torch.Tensor:
+    """Variance of `x` over all masked entries: a scalar (population variance by default).
+
+    An empty mask gives 0, and so does one entry with unbiased=True (Bessel's n - 1 is
+    clamped to at least 1; the centred sum is 0 there anyway).
+    """
+    mean = masked_mean(x, mask)
+    centred_sq = masked_sum((x - mean) ** 2, mask)
+    count = masked_sum(torch.ones_like(x), mask)
+    denominator = count - 1 if unbiased else count
+    return centred_sq / denominator.clamp(min=1)
+
+
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) with mean and population variance over masked entries.
+
+    x, mask: same shape (usually (B, A) advantages). shift_mean=False adds the mean back, so
+    only the scale is normalised (trlx does this for rewards). Masked-out entries are 0. The
+    statistics are over the whole batch, not per row: whitening advantages per batch is the
+    PPO convention (OpenAI baselines), and per row would erase the signal of one-token rows.
+    """
+    mean = masked_mean(x, mask)
+    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(_as_bool(mask, x), whitened, torch.zeros_like(whitened))
+
+
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[label] per position, in float32.
+
+    logits: (B, L, V), any float dtype; labels: (B, L) long, valid token ids. Returns (B, L)
+    float32. log p(y) = logit_y - logsumexp(logits), one batch row at a time: a float32 copy of
+    a whole (B, L, V) bf16 tensor is the largest allocation of a PPO step, one row of it is not.
+    """
+    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1).float()
+    normaliser = torch.stack([torch.logsumexp(row.float(), dim=-1) for row in logits])
+    return picked - normaliser
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) per position: H = -sum_v p_v log p_v, in float32.
+
+    logits: (B, L, V); returns (B, L) float32, one batch row at a time to bound memory.
+    Vocabulary entries with p = 0 (e.g. -inf logits) contribute 0 rather than 0 * -inf = NaN.
+    """
+
+    def row_entropy(row: torch.Tensor) -> torch.Tensor:
+        log_p = F.log_softmax(row.float(), dim=-1)
+        p = log_p.exp()
+        return -(p * torch.where(p > 0, log_p, torch.zeros_like(log_p))).sum(dim=-1)
+
+    return torch.stack([row_entropy(row) for row in logits])
+
+
+def kl_estimate(
+    log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: KLEstimator = "k1"
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020,
+    "Approximating KL Divergence", http://joschu.net/blog/kl-approx.html).
+
+    log_probs, ref_log_probs: (B, A) log-probabilities of the sampled tokens. Returns (B, A).
+    With log r = logp_ref - logp: k1 = -log r (unbiased, can be negative); k2 = (log r)^2 / 2
+    (biased, low variance); k3 = (r - 1) - log r (unbiased and always >= 0). Masking is the
+    caller's: padded entries are whatever the inputs make them.
+    """
+    log_ratio = ref_log_probs - log_probs
+    if estimator == "k1":
+        return -log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio**2
+    if estimator == "k3":
+        return torch.expm1(log_ratio) - log_ratio
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose one of 'k1', 'k2', 'k3'")
+
+
+def per_token_rewards(
+    score: torch.Tensor,
+    kl: torch.Tensor,
+    action_mask: torch.Tensor,
+    kl_coef: float,
+    placement: RewardPlacement = "last",
+) -> torch.Tensor:
+    """Shaped reward r_t = -kl_coef * kl_t, plus the sequence score (Ziegler et al. 2019;
+    InstructGPT, Ouyang et al. 2022, eq. 2).
+
+    score: (B,) reward-model scores; kl, action_mask: (B, A). Returns (B, A) in kl's dtype.
+    placement="last" adds the score at the last masked token of each row (InstructGPT, trlx:
+    the score is a terminal reward); "every" adds it to every masked token (ColossalChat), which
+    makes longer responses earn more of it. Masked-out entries and empty rows are 0.
+    """
+    mask = action_mask.bool()
+    score = score.to(kl.dtype)
+    rewards = torch.where(mask, -kl_coef * kl, torch.zeros_like(kl))
+    if placement == "every":
+        return rewards + torch.where(mask, score.unsqueeze(-1), torch.zeros_like(kl))
+    if placement != "last":
+        raise ValueError(f"unknown reward placement {placement!r}; choose 'last' or 'every'")
+    # argmax of the flipped mask finds the last True; rows with none get their score zeroed.
+    last = mask.shape[-1] - 1 - mask.flip(-1).long().argmax(dim=-1, keepdim=True)
+    terminal = torch.where(mask.any(dim=-1), score, torch.zeros_like(score))
+    return rewards.scatter_add(-1, last, terminal.unsqueeze(-1))
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    action_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016, "High-Dimensional Continuous
+    Control Using GAE", eq. 16), and the returns used as value targets.
+
+    rewards, values, action_mask: (B, A), the mask right-padded. Returns (advantages, returns),
+    both (B, A): delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1},
+    returns = A + V. Rewards and values are masked first, so V and A after the last real token
+    are 0: the episode ends there and nothing is bootstrapped from padding.
+    """
+    mask = action_mask.bool()
+    rewards = torch.where(mask, rewards, torch.zeros_like(rewards))
+    values = torch.where(mask, values, torch.zeros_like(values))
+    next_value = torch.zeros_like(values[:, 0])
+    next_advantage = torch.zeros_like(values[:, 0])
+    advantages = []
+    for t in reversed(range(rewards.shape[-1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        next_advantage = delta + gamma * lam * next_advantage
+        next_value = values[:, t]
+        advantages.append(next_advantage)
+    advantages = torch.stack(advantages[::-1], dim=-1)
+    zeros = torch.zeros_like(advantages)
+    return torch.where(mask, advantages, zeros), torch.where(mask, advantages + values, zeros)
+
+
+def explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """1 - Var(returns - values) / Var(returns) over masked entries: a detached scalar.
+
+    values, returns, mask: (B, A). 1 is a perfect critic, 0 no better than a constant, < 0
+    worse than one. When Var(returns) is 0 (or the mask is empty) the ratio is undefined and
+    0 is returned: there is no evidence the critic explains anything.
+    """
+    values, returns = values.detach(), returns.detach()
+    var_returns = masked_var(returns, mask)
+    var_residual = masked_var(returns - values, mask)
+    ratio = var_residual / var_returns.clamp(min=torch.finfo(var_returns.dtype).tiny)
+    return torch.where(var_returns > 0, 1 - ratio, torch.zeros_like(ratio))
+
+
+class RunningMoments:
+    """Running mean and population std of all scalars seen so far, merged batch by batch with
+    the parallel algorithm of Chan, Golub and LeVeque (1979), in float64.
+
+    Before any update mean is 0.0 and std 1.0, so normalising by them is a no-op. `std` is at
+    least `eps`. State is plain python numbers (JSON-safe) and round-trips exactly.
+    """
+
+    def __init__(self, eps: float = 1e-8) -> None:
+        self.eps = eps
+        self.mean = 0.0
+        self.var = 1.0
+        self.count = 0
+
+    @property
+    def std(self) -> float:
+        return max(math.sqrt(self.var), self.eps)
+
+    def update(self, x: torch.Tensor) -> tuple[float, float]:
+        """Fold in every element of `x` (any shape, non-empty); returns the batch's mean and
+        population std."""
+        if x.numel() == 0:
+            raise ValueError("RunningMoments.update needs at least one value")
+        x = x.detach().double().flatten()
+        n = x.numel()
+        batch_mean = x.mean().item()
+        batch_var = ((x - batch_mean) ** 2).mean().item()
+        total = self.count + n
+        delta = batch_mean - self.mean
+        # Chan et al.: M2 = M2_a + M2_b + delta^2 * n_a * n_b / n; the prior var has weight 0
+        # while count is 0, so its initial 1.0 never leaks into the statistics.
+        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
+        self.mean += delta * n / total
+        self.var = m2 / total
+        self.count = total
+        return batch_mean, math.sqrt(batch_var)
+
+    def state_dict(self) -> dict[str, float | int]:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        self.mean = float(state["mean"])
+        self.var = float(state["var"])
+        self.count = int(state["count"])

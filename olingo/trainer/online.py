@@ -1,0 +1,246 @@
+"""`OLTrainer`: the online (RL) loop skeleton with ColossalChat's ten hooks and the loop hooks.
+
+The loop, as the hooks see it (REFERENCE.md A1; docs/callbacks.md has the full order):
+
+    _before_fit(...)                                   dataloaders, default loggers
+    on_train_start(state)
+    on_fit_start()
+    for episode in start_episode .. num_episodes-1:
+        on_episode_start(episode)
+        for collect_step in range(num_collect_steps):
+            on_make_experience_start(); exp = _make_experience(collect_step); on_make_experience_end(exp)
+            buffer.append(exp)
+        for update_step in range(num_update_steps):      PPO epochs over the buffer
+            on_learn_epoch_start(update_step)
+            per minibatch: on_learn_batch_start(); train; on_learn_batch_end(exp)
+            after every `accumulation_steps` minibatches: optimizer step -> on_step_end(state, step, ...)
+            on_learn_epoch_end(update_step)
+        buffer.clear()
+        on_episode_end(episode)                          in a finally
+        checkpoint if a multiple of save_interval was crossed -> on_checkpoint
+        evaluation if a multiple of eval_interval was crossed -> on_eval
+    evaluation of the final policy (unless it just ran)           -> on_eval
+    final checkpoint
+    on_fit_end()                                         in a finally
+    on_train_end(state, artifacts)                       in a finally
+
+Checkpoints are taken at episode boundaries, where the on-policy buffer is empty: a checkpoint
+then needs no experience, and resuming from it is exact. `save_interval` still counts
+optimizer steps: a checkpoint is due at the end of the episode in which a multiple was reached.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from olingo.booster import Booster
+from olingo.cluster import DistCoordinator
+from olingo.experience_buffer import NaiveExperienceBuffer
+from olingo.experience_maker import Experience
+from olingo.trainer._support import callback_states, default_callbacks, restore_callback_states
+from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
+from olingo.trainer.checkpoint import CheckpointManager
+
+logger = logging.getLogger("olingo.trainer")
+
+
+class OLTrainer(ABC):
+    """Online trainer base: episodes of experience collection then learning, with hooks.
+
+    Arguments as ColossalChat's `OLTrainer`, plus `coordinator`, `save_interval`, `save_dir`
+    and `eval_interval` (both intervals count optimizer steps; 0 = off).
+    """
+
+    def __init__(
+        self,
+        actor_booster: Booster,
+        critic_booster: Booster,
+        data_buffer: NaiveExperienceBuffer,
+        sample_buffer: bool,
+        dataloader_pin_memory: bool,
+        callbacks: Sequence[Callback] = (),
+        *,
+        coordinator: DistCoordinator | None = None,
+        save_interval: int = 0,
+        save_dir: str | None = None,
+        eval_interval: int = 0,
+    ) -> None:
+        self.actor_booster = actor_booster
+        self.critic_booster = critic_booster
+        self.data_buffer = data_buffer
+        self.sample_buffer = sample_buffer
+        self.dataloader_pin_memory = dataloader_pin_memory
+        self.callbacks: list[Callback] = list(callbacks)
+        self.coordinator = coordinator or actor_booster.plugin.coordinator
+        self.save_interval = save_interval
+        self.save_dir = Path(save_dir) if save_dir else None
+        self.eval_interval = eval_interval
+        self.show_progress = True
+        self.run_config: dict[str, Any] | None = None
+        self.state = LoopState(is_master=self.coordinator.is_master)
+        self.start_episode = 0
+        self.last_eval_metrics: dict[str, float] | None = None
+        self._pending_callback_states: dict[str, Any] = {}
+        self._saved_rows: list[ManifestRow] = []
+        self._defaults_installed = False
+
+    # ---- what a concrete trainer supplies ------------------------------------------------
+    @abstractmethod
+    def _before_fit(self, *args: Any, **kwargs: Any) -> None:
+        """Set up dataloaders and anything else `fit`'s extra arguments carry."""
+
+    @abstractmethod
+    def _make_experience(self, collect_step: int) -> Experience:
+        """Generate and score one batch of rollouts."""
+
+    @abstractmethod
+    def _learn(self, update_step: int) -> None:
+        """One PPO epoch over the buffer (fires the learn-batch hooks and `_after_step`)."""
+
+    @abstractmethod
+    def _write_checkpoint(self, directory: Path) -> None:
+        """Write models, optimizers, schedulers, RNG and trainer state into `directory`."""
+
+    def _evaluate(self) -> dict[str, float] | None:
+        """Held-out evaluation, metrics without the `eval/` prefix; None when there is none."""
+        return None
+
+    def add_callback(self, callback: Callback) -> None:
+        self.callbacks.append(callback)
+
+    # ---- the loop -------------------------------------------------------------------------
+    def fit(self, num_episodes: int, num_collect_steps: int, num_update_steps: int, *args: Any, **kwargs: Any) -> LoopArtifacts:
+        """Run episodes `start_episode .. num_episodes-1`; see the module docstring."""
+        self._before_fit(*args, **kwargs)
+        self.num_episodes = num_episodes
+        state = self.state
+        state.num_steps = num_episodes * self._steps_per_episode(num_collect_steps, num_update_steps)
+        t0, error = time.time(), None
+        dispatch(self.callbacks, "on_train_start", state)
+        try:
+            dispatch(self.callbacks, "on_fit_start")
+            try:
+                for episode in range(self.start_episode, num_episodes):
+                    state.epoch = episode
+                    self._run_episode(episode, num_collect_steps, num_update_steps)
+                    self.start_episode = episode + 1
+                    self._after_episode()
+                    if state.stop_requested:
+                        break
+                if self.last_eval_metrics is None or self._last_eval_step != state.step:
+                    self._run_eval()  # the final policy is always evaluated
+                self._save_checkpoint("final")
+            finally:
+                dispatch(self.callbacks, "on_fit_end")
+        except BaseException as err:
+            error = err
+            raise
+        finally:
+            dispatch(self.callbacks, "on_train_end", state, self._artifacts(t0, error))
+        return self._artifacts(t0, error)
+
+    def _run_episode(self, episode: int, num_collect_steps: int, num_update_steps: int) -> None:
+        dispatch(self.callbacks, "on_episode_start", episode)
+        try:
+            for collect_step in range(num_collect_steps):
+                dispatch(self.callbacks, "on_make_experience_start")
+                experience = self._make_experience(collect_step)
+                dispatch(self.callbacks, "on_make_experience_end", experience)
+                self.data_buffer.append(experience)
+            for update_step in range(num_update_steps):
+                dispatch(self.callbacks, "on_learn_epoch_start", update_step)
+                self._learn(update_step)
+                dispatch(self.callbacks, "on_learn_epoch_end", update_step)
+                if self.state.stop_requested:
+                    break
+            self.data_buffer.clear()  # on-policy: this experience is stale after learning on it
+        finally:
+            dispatch(self.callbacks, "on_episode_end", episode)
+
+    def _after_episode(self) -> None:
+        """Checkpoint and evaluate when a multiple of their interval was reached this episode."""
+        step = self.state.step
+        if self._crossed(self.save_interval, self._last_saved_step, step):
+            self._save_checkpoint(f"step_{step}")
+        if self._crossed(self.eval_interval, self._last_eval_step, step):
+            self._run_eval()
+
+    @staticmethod
+    def _crossed(interval: int, since: int, step: int) -> bool:
+        return bool(interval) and step // interval > since // interval
+
+    def _after_step(self, batch: Any, metrics: dict[str, float]) -> None:
+        dispatch(self.callbacks, "on_step_end", self.state, self.state.step, batch, metrics)
+
+    def _run_eval(self) -> dict[str, float] | None:
+        self._last_eval_step = self.state.step
+        result = self._evaluate()
+        if result is None:
+            return None
+        metrics = {f"eval/{k}": v for k, v in result.items()}
+        self.last_eval_metrics = metrics
+        dispatch(self.callbacks, "on_eval", self.state, self.state.step, "eval", metrics)
+        return metrics
+
+    def _steps_per_episode(self, num_collect_steps: int, num_update_steps: int) -> int:
+        """Optimizer steps one episode takes; subclasses that know their batch sizes say."""
+        return num_update_steps
+
+    def _artifacts(self, t0: float, error: BaseException | None) -> LoopArtifacts:
+        return LoopArtifacts(
+            run_dir=self.state.output_dir,
+            manifest_path=self._checkpoints().manifest_path if self.save_dir else None,
+            checkpoints=list(self._saved_rows),
+            requested_steps=self.state.num_steps,
+            completed_steps=self.state.step,
+            train_seconds=time.time() - t0,
+            stopped_early=self.state.stop_requested,
+            error=error,
+        )
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    _last_saved_step = 0
+    _last_eval_step = 0
+
+    def _checkpoints(self) -> CheckpointManager:
+        return CheckpointManager(self.save_dir, self.coordinator)
+
+    def _save_checkpoint(self, name: str) -> None:
+        self._last_saved_step = self.state.step
+        if self.save_dir is None:
+            return
+        row = self._checkpoints().save(name, self.state.step, self.start_episode, 0, self._write_checkpoint)
+        self._saved_rows.append(row)
+        dispatch(self.callbacks, "on_checkpoint", self.state, row)
+
+    def _loop_state(self) -> dict[str, Any]:
+        """Counters and callback states for trainer_state.json."""
+        return {
+            "step": self.state.step,
+            "episode": self.start_episode,  # the next episode to run
+            "num_steps": self.state.num_steps,
+            "last_eval_step": self._last_eval_step,
+            "callbacks": callback_states(self.callbacks),
+        }
+
+    def _load_loop_state(self, trainer_state: dict[str, Any]) -> None:
+        self.state.step = trainer_state["step"]
+        self.start_episode = trainer_state["episode"]
+        self._last_saved_step = trainer_state["step"]
+        self._last_eval_step = trainer_state.get("last_eval_step", 0)
+        self._pending_callback_states = trainer_state.get("callbacks", {})
+
+    # ---- callbacks ------------------------------------------------------------------------------
+    def _prepare_callbacks(self, run_dir: Path | None, use_wandb: bool, extra: Sequence[Callback] = ()) -> None:
+        """Default loggers in front of the user's callbacks (rank 0), then restore their states."""
+        self.state.output_dir, self.state.config = run_dir, self.run_config
+        if not self._defaults_installed and self.coordinator.is_master:
+            self._defaults_installed = True
+            self.callbacks[:0] = [*default_callbacks(run_dir, use_wandb, self.show_progress), *extra]
+        restore_callback_states(self.callbacks, self._pending_callback_states)
+        self._pending_callback_states = {}

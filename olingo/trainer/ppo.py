@@ -1,0 +1,387 @@
+"""`PPOTrainer`: PPO for RLHF with an actor, a critic, a reward model and a reference model.
+
+One episode, as the algorithm reads (Ouyang et al. 2022; Schulman et al. 2017):
+    1. collect: `num_collect_steps` prompt batches -> `NaiveExperienceMaker` -> buffer
+       (reference and reward models on the accelerator only for this phase when offloading)
+    2. learn: `num_update_steps` PPO epochs over the buffer in minibatches of
+       `train_batch_size`; per minibatch
+         actor:  clipped policy loss (+ ptx LM loss on a pretrain batch), backward / accumulation
+         critic: clipped value loss * vf_coef, backward / accumulation
+       every `accumulation_steps` minibatches: clip, step both optimizers and schedulers
+    3. clear the buffer (on-policy), checkpoint/evaluate when due
+Metrics per optimizer step: train/* (losses, clipfrac, approx_kl, entropy, explained variance,
+ratio max, skip ratio, learning rates, gradient norms), rollout/* of the episode's experience,
+time/make_experience, time/learn, perf/tokens_per_s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from olingo.booster import Booster, OptimizerWrapper
+from olingo.cluster import DistCoordinator
+from olingo.dataset.sampler import CyclicLoader
+from olingo.experience_buffer import NaiveExperienceBuffer
+from olingo.experience_maker import (
+    Experience,
+    GenerationSettings,
+    NaiveExperienceMaker,
+    policy_logits,
+)
+from olingo.experience_maker.naive import action_values
+from olingo.models.functional import (
+    entropy_from_logits,
+    explained_variance,
+    log_probs_from_logits,
+    masked_mean,
+)
+from olingo.models.loss import GPTLMLoss, PolicyLoss, ValueLoss
+from olingo.trainer.callbacks import Callback, dispatch
+from olingo.trainer.callbacks.builtin.samples import RolloutSamples
+from olingo.trainer.online import OLTrainer
+from olingo.trainer.ppo_eval import evaluate_policy
+from olingo.trainer.utils import rng_state, set_rng_state
+
+logger = logging.getLogger("olingo.trainer")
+
+TRAIN_STATS = ("policy_loss", "value_loss", "ptx_loss", "clipfrac", "approx_kl", "entropy", "explained_variance", "ratio_max", "skip_ratio", "value_clipfrac")
+
+
+def ppo_steps_per_episode(
+    num_collect_steps: int, rollout_batch_size: int, num_update_steps: int, train_batch_size: int,
+    accumulation_steps: int, *, buffer_limit: int = 0, sample_buffer: bool = False,
+) -> int:
+    """Optimizer steps of one episode (per process), the unit schedules are sized in.
+
+    Each PPO epoch walks the buffer in minibatches of `train_batch_size`, stepping after every
+    `accumulation_steps` of them and after the epoch's last; with `sample_buffer` each update
+    step is one optimizer step on `accumulation_steps` randomly sampled minibatches.
+    """
+    if sample_buffer:
+        return num_update_steps
+    rollouts = num_collect_steps * rollout_batch_size
+    if buffer_limit:
+        rollouts = min(rollouts, buffer_limit)
+    minibatches = math.ceil(rollouts / train_batch_size)
+    return num_update_steps * math.ceil(minibatches / accumulation_steps)
+
+
+class PPOTrainer(OLTrainer):
+    """PPO trainer with seed 004's constructor (ColossalChat `coati.trainer.PPOTrainer`).
+
+    Every seed keyword keeps its name and default. `**generate_kwargs` are rollout settings
+    (`GenerationSettings`: max_new_tokens, do_sample, temperature, top_k, top_p,
+    stop_token_ids, stop_strings); unknown ones are errors. Keyword-only extras:
+    `maker_kwargs` (options of `NaiveExperienceMaker`: kl_estimator, kl_target, gamma, lam,
+    whiten_advantages, normalize_reward, reward_clip, reward_placement, truncation_penalty),
+    `eval_interval` (optimizer steps), `accuracy_fn` ((prompt, response, gt_answer) -> float,
+    counted correct when > 0) and `eval_generate_kwargs` for held-out evaluation.
+    `ptx_coef > 0` needs a `pretrain_dataloader` in `fit` (checked when fit starts).
+    """
+
+    def __init__(
+        self,
+        actor_booster: Booster,
+        critic_booster: Booster,
+        actor: PreTrainedModel,
+        critic: torch.nn.Module,
+        reward_model: Any,
+        initial_model: PreTrainedModel,
+        actor_optim: OptimizerWrapper,
+        critic_optim: OptimizerWrapper,
+        actor_lr_scheduler: Any,
+        critic_lr_scheduler: Any,
+        tokenizer: PreTrainedTokenizerBase,
+        kl_coef: float = 0.1,
+        ptx_coef: float = 0.9,
+        train_batch_size: int = 8,
+        buffer_limit: int = 0,
+        buffer_cpu_offload: bool = True,
+        eps_clip: float = 0.2,
+        vf_coef: float = 1.0,
+        value_clip: float = 0.2,
+        sample_buffer: bool = False,
+        dataloader_pin_memory: bool = True,
+        offload_inference_models: bool = True,
+        apply_loss_mask: bool = True,
+        accumulation_steps: int = 1,
+        save_interval: int = 0,
+        save_dir: str | None = None,
+        use_tp: bool = False,
+        coordinator: DistCoordinator | None = None,
+        callbacks: Sequence[Callback] = (),
+        *,
+        maker_kwargs: dict[str, Any] | None = None,
+        eval_interval: int = 0,
+        accuracy_fn: Callable[[str, str, str | None], float] | None = None,
+        eval_generate_kwargs: dict[str, Any] | None = None,
+        **generate_kwargs: Any,
+    ) -> None:
+        if use_tp:
+            raise ValueError("use_tp=True: tensor parallelism is not available in olingo; use the DDP plugin (FSDP2 is planned)")
+        if accumulation_steps < 1 or train_batch_size < 1:
+            raise ValueError("accumulation_steps and train_batch_size must be >= 1")
+        for name, optim in (("actor_optim", actor_optim), ("critic_optim", critic_optim)):
+            if not isinstance(optim, OptimizerWrapper):
+                raise TypeError(f"{name}: pass the optimizer returned by booster.boost(...), not the raw torch optimizer")
+        buffer = NaiveExperienceBuffer(train_batch_size, buffer_limit, buffer_cpu_offload, pad_token_id=tokenizer.pad_token_id or 0)
+        super().__init__(
+            actor_booster, critic_booster, buffer, sample_buffer, dataloader_pin_memory, callbacks,
+            coordinator=coordinator, save_interval=save_interval, save_dir=save_dir, eval_interval=eval_interval,
+        )
+        self.actor, self.critic, self.reward_model, self.initial_model = actor, critic, reward_model, initial_model
+        self.actor_optim, self.critic_optim = actor_optim, critic_optim
+        self.actor_scheduler, self.critic_scheduler = actor_lr_scheduler, critic_lr_scheduler
+        self.tokenizer = tokenizer
+        self.generation = GenerationSettings.from_kwargs(**generate_kwargs)
+        self.eval_generation = GenerationSettings.from_kwargs(**{**vars(self.generation), **(eval_generate_kwargs or {})})
+        self.experience_maker = NaiveExperienceMaker(
+            actor_booster.unwrap(actor), critic, reward_model, initial_model, tokenizer, kl_coef,
+            generation=self.generation, **(maker_kwargs or {}),
+        )
+        self.ptx_coef, self.vf_coef = ptx_coef, vf_coef
+        self.train_batch_size, self.accumulation_steps = train_batch_size, accumulation_steps
+        self.actor_loss_fn, self.critic_loss_fn, self.ptx_loss_fn = PolicyLoss(eps_clip), ValueLoss(value_clip), GPTLMLoss()
+        self.offload_inference_models = offload_inference_models
+        self.apply_loss_mask = apply_loss_mask
+        self.accuracy_fn = accuracy_fn
+        self.device = actor_booster.device
+        self.prompts: CyclicLoader | None = None
+        self.pretrain: CyclicLoader | None = None
+        self.eval_dataloader: DataLoader | None = None
+        self._episode_rollout: list[dict[str, float]] = []
+        self._episode_timing = {"make_experience": 0.0, "tokens": 0.0}
+        self._pending_loader_states: dict[str, Any] = {}
+
+    # ---- fit ----------------------------------------------------------------------------------
+    def fit(
+        self,
+        num_episodes: int,
+        num_collect_steps: int,
+        num_update_steps: int,
+        prompt_dataloader: DataLoader,
+        pretrain_dataloader: DataLoader | None = None,
+        log_dir: str | None = None,
+        use_wandb: bool = False,
+        *,
+        eval_dataloader: DataLoader | None = None,
+    ):
+        """Train for `num_episodes` episodes; see the module docstring. Returns `LoopArtifacts`."""
+        return super().fit(num_episodes, num_collect_steps, num_update_steps, prompt_dataloader, pretrain_dataloader, log_dir, use_wandb, eval_dataloader)
+
+    def _before_fit(self, prompt_dataloader, pretrain_dataloader, log_dir, use_wandb, eval_dataloader) -> None:  # noqa: ANN001
+        if self.ptx_coef > 0 and pretrain_dataloader is None:
+            raise ValueError(
+                f"ptx_coef={self.ptx_coef} mixes in a pretraining (ptx) loss but fit() got no pretrain_dataloader: "
+                "pass one, or set ptx_coef=0.0 (seed 004's default of 0.9 assumes a pretrain dataset)"
+            )
+        self.prompts = CyclicLoader(prompt_dataloader)
+        self.pretrain = CyclicLoader(pretrain_dataloader) if pretrain_dataloader is not None and self.ptx_coef > 0 else None
+        for name, loader in (("prompts", self.prompts), ("pretrain", self.pretrain)):
+            if loader is not None and name in self._pending_loader_states:
+                loader.load_state_dict(self._pending_loader_states[name])
+        self.eval_dataloader = eval_dataloader
+        run_dir = Path(log_dir) if log_dir else self.save_dir
+        samples = [RolloutSamples(self.tokenizer)] if run_dir is not None else []
+        self._prepare_callbacks(run_dir, use_wandb, samples)
+
+    def _steps_per_episode(self, num_collect_steps: int, num_update_steps: int) -> int:
+        return ppo_steps_per_episode(
+            num_collect_steps, self.prompts.loader.batch_size, num_update_steps, self.train_batch_size,
+            self.accumulation_steps, buffer_limit=self.data_buffer.limit, sample_buffer=self.sample_buffer,
+        )
+
+    # ---- 1. collect ---------------------------------------------------------------------------
+    def _make_experience(self, collect_step: int) -> Experience:
+        if collect_step == 0:
+            self._episode_rollout, self._episode_timing = [], {"make_experience": 0.0, "tokens": 0.0}
+        self._place_inference_models(self.device)
+        batch = self.prompts.next()
+        start = time.perf_counter()
+        experience = self.experience_maker.make_experience(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=self.state.step)
+        self._episode_timing["make_experience"] += time.perf_counter() - start
+        self._episode_timing["tokens"] += float(experience.action_mask.sum())
+        self._episode_rollout.append(experience.info)
+        self.state.extra["rollout_samples"] = self.experience_maker.last_samples
+        return experience
+
+    def _place_inference_models(self, device: torch.device | str) -> None:
+        """Reference and reward models go to `device`; during learning they wait on the CPU."""
+        if self.offload_inference_models:
+            self.initial_model.to(device)
+            self.reward_model.to(device)
+
+    # ---- 2. learn -----------------------------------------------------------------------------
+    def _learn(self, update_step: int) -> None:
+        if update_step == 0:
+            self._place_inference_models("cpu")
+        if self.sample_buffer:
+            minibatches: list[Experience] | DataLoader = [self.data_buffer.sample() for _ in range(self.accumulation_steps)]
+        else:
+            pin = self.dataloader_pin_memory and torch.cuda.is_available()
+            minibatches = self.data_buffer.dataloader(shuffle=True, pin_memory=pin)
+        total = len(minibatches)
+        group: list[Experience] = []
+        for index, experience in enumerate(minibatches):
+            group.append(experience)
+            first = (index // self.accumulation_steps) * self.accumulation_steps
+            if len(group) < min(self.accumulation_steps, total - first):
+                continue
+            start = time.perf_counter()
+            stats = self._train_group(group)
+            metrics = self._optimizer_step(stats)
+            metrics["time/learn"] = time.perf_counter() - start
+            self._after_step(group[-1], metrics)
+            group = []
+            if self.state.stop_requested:
+                return
+
+    def _train_group(self, group: list[Experience]) -> dict[str, torch.Tensor]:
+        """Forward/backward the minibatches of one optimizer step; the mean of their stats."""
+        stats = []
+        for i, experience in enumerate(group):
+            last = i == len(group) - 1
+            with ExitStack() as no_sync:
+                if not last:  # gradients are averaged across ranks on the last minibatch only
+                    no_sync.enter_context(self.actor_booster.no_sync(self.actor, self.actor_optim))
+                    no_sync.enter_context(self.critic_booster.no_sync(self.critic, self.critic_optim))
+                dispatch(self.callbacks, "on_learn_batch_start")
+                experience = experience.to_device(self.device)
+                stats.append(self._training_step(experience, 1.0 / len(group)))
+                dispatch(self.callbacks, "on_learn_batch_end", experience)
+        return {name: torch.stack([s[name] for s in stats]).mean() for name in stats[0]}
+
+    def _training_step(self, experience: Experience, loss_scale: float) -> dict[str, torch.Tensor]:
+        """Policy (+ptx) and value losses of one minibatch, backward scaled by `loss_scale`."""
+        mask, num_actions = experience.action_mask, experience.num_actions
+        logits = policy_logits(self.actor, experience.sequences, experience.attention_mask, num_actions, self.experience_maker.temperature)
+        log_probs = log_probs_from_logits(logits, experience.sequences[:, -num_actions:])
+        policy_loss, skip, policy_stats = self.actor_loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask)
+        actor_loss, ptx_loss = policy_loss, torch.zeros((), device=self.device)
+        if self.pretrain is not None:
+            ptx_loss = self._ptx_loss()
+            actor_loss = (1 - self.ptx_coef) * policy_loss + self.ptx_coef * ptx_loss
+        skip = self._any_rank(skip)
+        # A skipped minibatch still runs backward (times 0) so data-parallel ranks stay in step.
+        self.actor_booster.backward(actor_loss * (0.0 if skip else loss_scale), self.actor_optim)
+
+        values = action_values(self.critic, experience.sequences, experience.attention_mask, num_actions)
+        value_loss, value_stats = self.critic_loss_fn(values, experience.values, experience.returns, mask)
+        self.critic_booster.backward(value_loss * self.vf_coef * loss_scale, self.critic_optim)
+        return {
+            "policy_loss": policy_loss.detach(),
+            "value_loss": value_loss.detach(),
+            "ptx_loss": ptx_loss.detach(),
+            "clipfrac": policy_stats["clipfrac"],
+            "approx_kl": policy_stats["approx_kl"],
+            "entropy": masked_mean(entropy_from_logits(logits.detach()), mask),
+            "explained_variance": explained_variance(values.detach(), experience.returns, mask),
+            "ratio_max": policy_stats["ratio_max"],
+            "skip_ratio": torch.tensor(float(skip), device=self.device),
+            "value_clipfrac": value_stats["value_clipfrac"],
+        }
+
+    def _ptx_loss(self) -> torch.Tensor:
+        batch = self.pretrain.next()
+        batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        logits = self.actor(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        mask = batch["loss_mask"] if self.apply_loss_mask and "loss_mask" in batch else batch["attention_mask"]
+        return self.ptx_loss_fn(logits, batch["input_ids"], mask)
+
+    def _any_rank(self, flag: bool) -> bool:
+        return bool(self.actor_booster.plugin.all_reduce_sum(torch.tensor(float(flag), device=self.device)) > 0)
+
+    def _optimizer_step(self, stats: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Step both optimizers and schedulers; metrics of the step averaged over ranks."""
+        lrs = {"train/actor_lr": self.actor_optim.param_groups[0]["lr"], "train/critic_lr": self.critic_optim.param_groups[0]["lr"]}
+        for optim, scheduler in ((self.actor_optim, self.actor_scheduler), (self.critic_optim, self.critic_scheduler)):
+            optim.step()
+            optim.zero_grad()
+            if scheduler is not None:
+                scheduler.step()
+        self.state.step += 1
+        names = list(stats)
+        values = self.actor_booster.plugin.all_reduce_mean(torch.stack([stats[n].float() for n in names])).tolist()
+        metrics = {f"train/{n}": v for n, v in zip(names, values, strict=True)}
+        metrics.update(lrs)
+        metrics["train/actor_grad_norm"] = self.actor_optim.grad_norm
+        metrics["train/critic_grad_norm"] = self.critic_optim.grad_norm
+        metrics.update(self._rollout_metrics())
+        return metrics
+
+    def _rollout_metrics(self) -> dict[str, float]:
+        """The episode's experience statistics, averaged over its collect steps."""
+        infos = self._episode_rollout
+        metrics = {f"rollout/{key}": sum(info[key] for info in infos) / len(infos) for key in infos[0]} if infos else {}
+        seconds = self._episode_timing["make_experience"]
+        metrics["time/make_experience"] = seconds
+        metrics["perf/tokens_per_s"] = self._episode_timing["tokens"] / seconds if seconds > 0 else 0.0
+        return metrics
+
+    # ---- evaluation -----------------------------------------------------------------------------
+    def _evaluate(self) -> dict[str, float] | None:
+        if self.eval_dataloader is None:
+            return None
+        self._place_inference_models(self.device)
+        metrics, samples = evaluate_policy(self.experience_maker, self.eval_dataloader, self.eval_generation, accuracy_fn=self.accuracy_fn)
+        if self.state.output_dir is not None and self.coordinator.is_master:
+            out = self.state.output_dir / "eval"
+            out.mkdir(parents=True, exist_ok=True)
+            record = {"step": self.state.step, "metrics": metrics, "samples": samples[:16]}
+            (out / f"step_{self.state.step}.json").write_text(json.dumps(record, indent=2) + "\n")
+        return metrics
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def _write_checkpoint(self, directory: Path) -> None:
+        self.actor_booster.save_model(self.actor, directory / "actor")
+        self.critic_booster.save_model(self.critic, directory / "critic")
+        if self.coordinator.is_master:
+            self.tokenizer.save_pretrained(str(directory / "actor"))
+        for name, booster, optim, scheduler in self._trained():
+            booster.save_optimizer(optim, directory / f"{name}_optimizer.pt")
+            if scheduler is not None:
+                booster.save_lr_scheduler(scheduler, directory / f"{name}_scheduler.pt")
+        torch.save(rng_state(), directory / f"rng_rank{self.coordinator.rank}.pt")
+        if self.coordinator.is_master:
+            state = {
+                **self._loop_state(),
+                "loaders": {name: loader.state_dict() for name, loader in (("prompts", self.prompts), ("pretrain", self.pretrain)) if loader is not None},
+                "experience_maker": self.experience_maker.state_dict(),
+            }
+            (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
+
+    def _trained(self) -> list[tuple[str, Booster, OptimizerWrapper, Any]]:
+        return [
+            ("actor", self.actor_booster, self.actor_optim, self.actor_scheduler),
+            ("critic", self.critic_booster, self.critic_optim, self.critic_scheduler),
+        ]
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Restore each piece to its own owner: actor weights into the actor (never the frozen
+        reference), each optimizer and scheduler into its model's, plus RNG, the prompt and
+        pretrain positions, the KL controller and reward statistics, counters and callbacks."""
+        directory = Path(directory)
+        trainer_state = json.loads((directory / "trainer_state.json").read_text())
+        self.actor_booster.load_model(self.actor, directory / "actor")
+        self.critic_booster.load_model(self.critic, directory / "critic")
+        for name, booster, optim, scheduler in self._trained():
+            booster.load_optimizer(optim, directory / f"{name}_optimizer.pt")
+            if scheduler is not None:
+                booster.load_lr_scheduler(scheduler, directory / f"{name}_scheduler.pt")
+        rng_file = directory / f"rng_rank{self.coordinator.rank}.pt"
+        set_rng_state(torch.load(rng_file if rng_file.exists() else directory / "rng_rank0.pt", weights_only=False))
+        self.experience_maker.load_state_dict(trainer_state["experience_maker"])
+        self._pending_loader_states = trainer_state.get("loaders", {})
+        self._load_loop_state(trainer_state)
+        logger.info("resumed from %s at step %d (next episode %d)", directory, self.state.step, self.start_episode)
