@@ -120,6 +120,9 @@ class Plugin:
         return DataLoader(
             dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
             num_workers=num_workers, pin_memory=pin_memory, drop_last=drop_last,
+            # Each new iterator draws a worker base seed from `generator`; a private one keeps
+            # that draw off the global RNG, whose stream a resumed run must replay exactly.
+            generator=torch.Generator().manual_seed(seed),
         )
 
     # ---- checkpoints -----------------------------------------------------------------------
