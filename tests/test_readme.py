@@ -43,3 +43,27 @@ def test_readme_sft_example_runs(tmp_path, assets, monkeypatch):
     assert (tmp_path / "sft" / "checkpoints" / "final" / "model" / "model.safetensors").exists()
     # 67 rows = 9 batches of 8 = one group of 8 and a short group of 1 (which still steps), x 2 epochs
     assert len((tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()) == 4
+
+
+@pytest.mark.slow
+def test_readme_ppo_example_runs(tmp_path, assets, monkeypatch):
+    from olingo.models import RewardModel
+
+    rm_dir = tmp_path / "rm"
+    RewardModel.from_pretrained(str(assets.model_dir), pad_token_id=0).save_pretrained(rm_dir)
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    example = next(b for b in blocks if "PPOTrainer(" in b)
+    example = (
+        example.replace("path/to/sft", str(assets.model_dir))
+        .replace("path/to/rm", str(rm_dir))
+        .replace("prompts.jsonl", str(assets.prompts_eval))
+        .replace("./runs/ppo", str(tmp_path / "ppo"))
+        .replace("max_new_tokens=64", "max_new_tokens=4")
+        .replace("num_episodes=10", "num_episodes=2")
+    )
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    assert (tmp_path / "ppo" / "checkpoints" / "final" / "actor" / "model.safetensors").exists()
+    # 2 episodes x one optimizer step: 2 collect steps x 16 prompts = 2 minibatches of 16 = 1 accumulation group
+    assert namespace["trainer"].state.step == 2

@@ -79,12 +79,14 @@ def run_demo(
     return result
 
 
-def compare_policies(sft_model: str, ppo_model: str, reward_model: str, cfg: PPOConfig) -> tuple[dict[str, float], dict[str, float]]:
-    """Held-out metrics of the SFT model and of the PPO actor, with identical sampling noise."""
+def compare_policies(sft_model: str, ppo_model: str, reward_model: str, cfg: PPOConfig, samples_per_prompt: int = 8) -> tuple[dict[str, float], dict[str, float]]:
+    """Held-out metrics of the SFT model and of the PPO actor, with identical sampling noise;
+    `samples_per_prompt` responses per prompt keep the sampling error of the accuracy small."""
     tokenizer = load_tokenizer(sft_model, padding_side="left")
     reference = load_causal_lm(sft_model).eval()
     reward = RewardModel.from_pretrained(reward_model, pad_token_id=tokenizer.pad_token_id).eval()
     prompts = build_prompt_dataset([resolve_path(s) for s in cfg.data.eval_prompts], tokenizer, cfg.data.max_prompt_length)
+    prompts.items = prompts.items * samples_per_prompt
     from torch.utils.data import DataLoader
 
     loader = DataLoader(prompts, batch_size=256, shuffle=False, collate_fn=PromptCollator(tokenizer.pad_token_id))
@@ -104,7 +106,7 @@ def print_demo_table(r: DemoResult) -> None:
     print(f"{'base model':<14}{'greedy answer accuracy':<48}{r.base_greedy:>8.3f}")
     print(f"{'SFT':<14}{'greedy answer accuracy':<48}{r.sft_greedy:>8.3f}")
     print(f"{'reward model':<14}{'pairwise accuracy (correct > wrong answer)':<48}{r.rm_pair_accuracy:>8.3f}")
-    print(f"\nPPO before/after, held-out prompts, sampling at the rollout temperature {r.temperature:g}:")
+    print(f"\nPPO before/after: held-out prompts x 8 samples each, sampling at the rollout temperature {r.temperature:g}:")
     print(f"{'metric':<48}{'SFT':>9}{'PPO':>9}")
     rows = [
         ("answer accuracy (checked by program)", "accuracy"),

@@ -1,0 +1,20 @@
+"""Trainers. `from olingo.trainer import PPOTrainer` works as `from coati.trainer import PPOTrainer` did;
+the names load on first use, so importing a submodule never pulls in every trainer."""
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "PPOTrainer": "olingo.trainer.ppo",
+    "OLTrainer": "olingo.trainer.online",
+    "SLTrainer": "olingo.trainer.base",
+    "SFTTrainer": "olingo.trainer.sft",
+    "RewardModelTrainer": "olingo.trainer.rm",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'olingo.trainer' has no attribute {name!r}")
