@@ -58,6 +58,15 @@ def parse_turns(
     raise ref.error(field, f"expected a string or a list of messages, got {type_name(value)}")
 
 
+def parse_messages_field(raw: dict[str, Any], ref: RowRef) -> list[Message]:
+    """A row's ``messages`` list in either spelling (the first message's keys decide which)."""
+    value = raw["messages"]
+    if not isinstance(value, list) or not value:
+        raise ref.error("messages", "expected a non-empty list of messages")
+    role_key = "from" if isinstance(value[0], dict) and "from" in value[0] else "role"
+    return parse_messages(value, "messages", ref, role_key=role_key)
+
+
 def parse_messages(value: list[Any], field: str, ref: RowRef, *, role_key: str) -> list[Message]:
     """Validate a non-empty list of message objects and normalise each one."""
     if not value:

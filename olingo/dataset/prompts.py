@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from olingo.dataset.chat_tokens import encode_chat
 from olingo.dataset.errors import type_name
-from olingo.dataset.messages import RowRef, missing_reason, parse_messages, parse_turns
+from olingo.dataset.messages import RowRef, missing_reason, parse_messages_field, parse_turns
 from olingo.dataset.preference_dataset import tokenize_sources
 
 ANSWER_KEYS = ("gt_answer", "answer")
@@ -29,11 +29,7 @@ def parse_prompt_row(raw: dict[str, Any], source: str = "<data>", row: int | Non
     """(messages ending with a user/system turn, gt_answer or None); DataError on bad rows."""
     ref = RowRef(source, row)
     if raw.get("messages") is not None:
-        value = raw["messages"]
-        if not isinstance(value, list) or not value:
-            raise ref.error("messages", "expected a non-empty list of messages")
-        role_key = "from" if isinstance(value[0], dict) and "from" in value[0] else "role"
-        messages = parse_messages(value, "messages", ref, role_key=role_key)
+        messages = parse_messages_field(raw, ref)
         if messages[-1]["role"] == "assistant":  # a full conversation: the policy answers anew
             messages = messages[:-1]
         field = "messages"

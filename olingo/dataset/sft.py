@@ -21,7 +21,13 @@ import torch
 from torch.utils.data import Dataset
 
 from olingo.dataset.chat_tokens import common_prefix_length, encode_chat
-from olingo.dataset.messages import Message, RowRef, missing_reason, parse_messages, parse_turns
+from olingo.dataset.messages import (
+    Message,
+    RowRef,
+    missing_reason,
+    parse_messages_field,
+    parse_turns,
+)
 from olingo.dataset.preference_dataset import tokenize_sources
 
 
@@ -36,11 +42,7 @@ def parse_sft_row(raw: dict[str, Any], source: str = "<data>", row: int | None =
     """Validate one row in any accepted format; DataError names source, row and field."""
     ref = RowRef(source, row)
     if raw.get("messages") is not None:
-        value = raw["messages"]
-        if not isinstance(value, list) or not value:
-            raise ref.error("messages", "expected a non-empty list of messages")
-        role_key = "from" if isinstance(value[0], dict) and "from" in value[0] else "role"
-        messages = parse_messages(value, "messages", ref, role_key=role_key)
+        messages = parse_messages_field(raw, ref)
     elif raw.get("prompt") is not None:
         if raw.get("completion") is None:
             raise ref.error("completion", missing_reason(raw))
