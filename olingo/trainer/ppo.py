@@ -334,7 +334,14 @@ class PPOTrainer(OLTrainer):
         if self.eval_dataloader is None:
             return None
         self._place_inference_models(self.device)
-        metrics, samples = evaluate_policy(self.experience_maker, self.eval_dataloader, self.eval_generation, accuracy_fn=self.accuracy_fn)
+        plugin = self.actor_booster.plugin
+
+        def all_reduce_sum(totals: torch.Tensor) -> torch.Tensor:  # each rank evaluated its own shard
+            return plugin.all_reduce_sum(totals.to(self.device)).cpu()
+
+        metrics, samples = evaluate_policy(
+            self.experience_maker, self.eval_dataloader, self.eval_generation, accuracy_fn=self.accuracy_fn, all_reduce_sum=all_reduce_sum,
+        )
         if self.state.output_dir is not None and self.coordinator.is_master:
             out = self.state.output_dir / "eval"
             out.mkdir(parents=True, exist_ok=True)
