@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch.utils.data import DataLoader
+
 from olingo.config import load_config
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
 from olingo.experience_maker import GenerationSettings, NaiveExperienceMaker
@@ -87,8 +89,6 @@ def compare_policies(sft_model: str, ppo_model: str, reward_model: str, cfg: PPO
     reward = RewardModel.from_pretrained(reward_model, pad_token_id=tokenizer.pad_token_id).eval()
     prompts = build_prompt_dataset([resolve_path(s) for s in cfg.data.eval_prompts], tokenizer, cfg.data.max_prompt_length)
     prompts.items = prompts.items * samples_per_prompt
-    from torch.utils.data import DataLoader
-
     loader = DataLoader(prompts, batch_size=256, shuffle=False, collate_fn=PromptCollator(tokenizer.pad_token_id))
     settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation))
     results = []

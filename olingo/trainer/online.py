@@ -88,6 +88,8 @@ class OLTrainer(ABC):
         self._pending_callback_states: dict[str, Any] = {}
         self._saved_rows: list[ManifestRow] = []
         self._defaults_installed = False
+        self._last_saved_step = 0  # optimizer step of the last checkpoint (due checks)
+        self._last_eval_step = 0
 
     # ---- what a concrete trainer supplies ------------------------------------------------
     @abstractmethod
@@ -120,7 +122,7 @@ class OLTrainer(ABC):
         self.num_episodes = num_episodes
         state = self.state
         state.num_steps = num_episodes * self._steps_per_episode(num_collect_steps, num_update_steps)
-        t0, error = time.time(), None
+        t0, error, artifacts = time.time(), None, None
         dispatch(self.callbacks, "on_train_start", state)
         try:
             dispatch(self.callbacks, "on_fit_start")
@@ -141,8 +143,9 @@ class OLTrainer(ABC):
             error = err
             raise
         finally:
-            dispatch(self.callbacks, "on_train_end", state, self._artifacts(t0, error))
-        return self._artifacts(t0, error)
+            artifacts = self._artifacts(t0, error)
+            dispatch(self.callbacks, "on_train_end", state, artifacts)
+        return artifacts
 
     def _run_episode(self, episode: int, num_collect_steps: int, num_update_steps: int) -> None:
         dispatch(self.callbacks, "on_episode_start", episode)
@@ -204,9 +207,6 @@ class OLTrainer(ABC):
         )
 
     # ---- checkpoints --------------------------------------------------------------------------
-    _last_saved_step = 0
-    _last_eval_step = 0
-
     def _checkpoints(self) -> CheckpointManager:
         return CheckpointManager(self.save_dir, self.coordinator)
 

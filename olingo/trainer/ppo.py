@@ -37,9 +37,9 @@ from olingo.experience_maker import (
     Experience,
     GenerationSettings,
     NaiveExperienceMaker,
+    action_values,
     policy_logits,
 )
-from olingo.experience_maker.naive import action_values
 from olingo.models.functional import (
     entropy_from_logits,
     explained_variance,
@@ -54,9 +54,6 @@ from olingo.trainer.ppo_eval import evaluate_policy
 from olingo.trainer.utils import rng_state, set_rng_state
 
 logger = logging.getLogger("olingo.trainer")
-
-TRAIN_STATS = ("policy_loss", "value_loss", "ptx_loss", "clipfrac", "approx_kl", "entropy", "explained_variance", "ratio_max", "skip_ratio", "value_clipfrac")
-
 
 def ppo_steps_per_episode(
     num_collect_steps: int, rollout_batch_size: int, num_update_steps: int, train_batch_size: int,
@@ -193,7 +190,7 @@ class PPOTrainer(OLTrainer):
                 loader.load_state_dict(self._pending_loader_states[name])
         self.eval_dataloader = eval_dataloader
         run_dir = Path(log_dir) if log_dir else self.save_dir
-        samples = [RolloutSamples(self.tokenizer)] if run_dir is not None else []
+        samples = [RolloutSamples()] if run_dir is not None else []
         self._prepare_callbacks(run_dir, use_wandb, samples)
 
     def _steps_per_episode(self, num_collect_steps: int, num_update_steps: int) -> int:

@@ -11,8 +11,7 @@ from torch.utils.data import DataLoader
 
 from olingo.experience_maker import GenerationSettings, NaiveExperienceMaker
 from olingo.models.functional import kl_estimate
-
-AccuracyFn = Callable[[str, str, "str | None"], float]
+from olingo.models.rlvr import RewardFn
 
 
 @torch.no_grad()
@@ -21,7 +20,7 @@ def evaluate_policy(
     loader: DataLoader,
     generation: GenerationSettings,
     *,
-    accuracy_fn: AccuracyFn | None = None,
+    accuracy_fn: RewardFn | None = None,
     seed: int = 0,
     all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:

@@ -21,10 +21,10 @@ class RolloutSamples(Callback):
     The trainer puts the texts of its latest experience batch in `state.extra["rollout_samples"]`.
     The same rows are handed to W&B as a table: they are left in `state.extra["samples_table"]`,
     which the `wandb` logger logs at that step. The PPO trainer installs this callback itself,
-    in front of the loggers; `tokenizer` is accepted for API symmetry and unused.
+    in front of the loggers.
     """
 
-    def __init__(self, tokenizer: Any = None, every: int = 10, num_samples: int = 4, path: str = "samples.jsonl") -> None:
+    def __init__(self, every: int = 10, num_samples: int = 4, path: str = "samples.jsonl") -> None:
         self.every = every
         self.num_samples = num_samples
         self.path = path
