@@ -12,10 +12,17 @@
 Figures are drawn on `matplotlib.figure.Figure` objects with an explicit Agg canvas, never
 through pyplot's global state, so reports are safe in tests, threads and headless servers.
 `summarize(run_dir)` gives each metric's first/last/min/max/count for a text table.
+
+An experiment directory (it holds `result.json`, written by `olingo experiment run`) gets
+`write_experiment_report(exp_dir)`: one PNG per metric in `<exp_dir>/plots/`, with one curve per
+arm (the mean over its seeds' completed runs, continual stages as `arm/stage`) and a band of
++- one standard deviation where two or more seeds logged the step; and
+`format_experiment_table(result)`: each final metric's mean +- std over the repeats, per arm.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable
@@ -29,13 +36,27 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from olingo.experiment.results import ArmResult, ExperimentResult, aggregate
 from olingo.trainer.callbacks.builtin import read_metrics
 from olingo.trainer.callbacks.builtin._common import format_number
 from olingo.trainer.callbacks.builtin.jsonl import RESERVED_KEYS
 
-__all__ = ["Series", "format_summary", "load_series", "moving_average", "summarize", "write_report"]
+__all__ = [
+    "Series",
+    "band_over_seeds",
+    "format_experiment_table",
+    "format_summary",
+    "is_experiment_dir",
+    "load_experiment_result",
+    "load_series",
+    "moving_average",
+    "summarize",
+    "write_experiment_report",
+    "write_report",
+]
 
 METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"  # marks an experiment directory (olingo.experiment.runner)
 PLOTS_DIR = "plots"
 X_LABEL = "optimizer step"
 # Grids are written in this order; other namespaces follow alphabetically.
@@ -365,3 +386,104 @@ def _new_figure(figsize: tuple[float, float]) -> Figure:
 
 def _safe_filename(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiments
+
+
+def is_experiment_dir(path: str | Path) -> bool:
+    """Whether `path` is an experiment directory (it holds the runner's result.json)."""
+    return (Path(path) / RESULT_FILE).is_file() and (Path(path) / "experiment.yaml").is_file()
+
+
+def load_experiment_result(exp_dir: str | Path) -> ExperimentResult:
+    """The `ExperimentResult` an experiment wrote to `<exp_dir>/result.json`."""
+    path = Path(exp_dir) / RESULT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not an experiment directory (no result.json); run `olingo experiment run EXP.yaml` first")
+    return ExperimentResult.from_json(json.loads(path.read_text()))
+
+
+def format_experiment_table(result: ExperimentResult) -> str:
+    """Each final metric as a row, each arm as a column: `mean +- std (n)` over the repeats."""
+    table = aggregate(result.arms)
+    arms = list(table)
+    metrics = sorted({m for row in table.values() for m in row}, key=lambda m: (m != result.success_metric, m))
+    header = ["metric", *arms]
+    rows = [
+        [m, *(f"{format_number(row[m][0])} +- {format_number(row[m][1])} ({row[m][2]})" if m in (row := table[a]) else "-" for a in arms)]
+        for m in metrics
+    ]
+    failed = [f"{a.name}: {a.status}" for a in result.arms if a.status != "completed"]
+    lines = [header, *rows]
+    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in lines)
+    if failed:
+        text += "\nnot completed (left out): " + ", ".join(failed)
+    return text
+
+
+def band_over_seeds(series: list[Series]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, mean, std, n) at every step any seed logged: the mean over the seeds that logged
+    it and their sample std (0 where a single seed did)."""
+    by_step: dict[float, list[float]] = {}
+    for s in series:
+        for step, value in zip(s.steps, s.values, strict=True):
+            by_step.setdefault(step, []).append(value)
+    steps = sorted(by_step)
+    values = [np.asarray(by_step[x]) for x in steps]
+    mean = np.array([v.mean() for v in values])
+    std = np.array([v.std(ddof=1) if len(v) > 1 else 0.0 for v in values])
+    return np.asarray(steps, dtype=float), mean, std, np.array([len(v) for v in values])
+
+
+def _curves_by_arm(exp_dir: Path, arms: list[ArmResult]) -> dict[str, dict[str, list[Series]]]:
+    """metric label -> arm label -> one Series per completed run that logged it."""
+    curves: dict[str, dict[str, list[Series]]] = {}
+    for arm in arms:
+        run_dir = Path(arm.run_dir) if arm.run_dir else exp_dir / "runs" / arm.name
+        if arm.status != "completed" or not (run_dir / METRICS_FILE).is_file():
+            continue
+        label = arm.arm if arm.stage is None else f"{arm.arm}/{arm.stage}"
+        for metric, series in load_series(run_dir).items():
+            curves.setdefault(metric, {}).setdefault(label, []).append(series)
+    return curves
+
+
+def write_experiment_report(exp_dir: str | Path, *, smooth: int | None = None) -> list[Path]:
+    """One PNG per metric in `<exp_dir>/plots/`: per arm the mean over seeds and a +- std band.
+
+    `smooth` as in `write_report` (applied to the mean and the std). Returns the paths written.
+    """
+    exp_dir = Path(exp_dir)
+    result = load_experiment_result(exp_dir)
+    out_dir = exp_dir / PLOTS_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    curves = _curves_by_arm(exp_dir, result.arms)
+    written = []
+    for label, by_arm in curves.items():
+        metric = next(iter(by_arm.values()))[0].metric
+        # The evaluator's name is only needed in the file name when two evaluators log `metric`.
+        name = metric if sum(c == metric or c.startswith(metric + " [") for c in curves) == 1 else label
+        fig = _arm_band_figure(metric, by_arm, f"{result.name}: {label}", smooth)
+        path = out_dir / f"{_safe_filename(name)}.png"
+        fig.savefig(path, dpi=100)
+        written.append(path)
+    return written
+
+
+def _arm_band_figure(metric: str, by_arm: dict[str, list[Series]], title: str, smooth: int | None) -> Figure:
+    fig, ax = _single_axes(title)
+    for arm, series in by_arm.items():
+        steps, mean, std, _ = band_over_seeds(series)
+        window = _window_for(Series(metric, metric, list(steps), list(mean)), smooth)
+        if window > 1:
+            mean, std = moving_average(mean, window), moving_average(std, window)
+        marker = "o" if len(steps) <= MARKER_MAX_POINTS else None
+        (line,) = ax.plot(steps, mean, marker=marker, markersize=3, label=f"{arm} (n={len(series)})")
+        if len(series) > 1:
+            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_ylabel(metric)
+    ax.legend(fontsize=8)
+    return fig

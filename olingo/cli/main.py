@@ -62,15 +62,53 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--output-dir", default="runs", help="parent of the run directories (default: runs)")
     demo.set_defaults(handler=_cmd_demo)
+    _experiment_parser(sub)
     report = sub.add_parser(
         "report",
-        help="plot a run's metrics (reward, KL, losses, ...) as PNGs and print a summary",
-        description="Reads RUN_DIR/metrics.jsonl and writes RUN_DIR/plots/*.png, then prints first/last/min/max per metric.",
+        help="plot a run's or an experiment's metrics as PNGs and print a summary",
+        description="For a run directory: reads RUN_DIR/metrics.jsonl, writes RUN_DIR/plots/*.png and prints "
+        "first/last/min/max per metric. For an experiment directory (it holds result.json): prints each final "
+        "metric's mean +- std over the repeats per arm, and writes EXP_DIR/plots/<metric>.png with one curve "
+        "per arm (mean over seeds) and a +- std band.",
     )
-    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory (holds metrics.jsonl)")
+    report.add_argument("run_dirs", nargs="+", metavar="DIR", help="run directory (holds metrics.jsonl) or experiment directory")
     report.add_argument("--smooth", type=int, default=None, help="moving-average window (default: automatic; 0 = none)")
     report.set_defaults(handler=_cmd_report)
     return parser
+
+
+def _experiment_parser(sub: argparse._SubParsersAction) -> None:
+    from olingo.experiment.config import ExperimentConfig
+
+    experiment = sub.add_parser("experiment", help="run an experiment: arms x seeds x continual stages, benchmarks, loggers")
+    actions = experiment.add_subparsers(dest="action", required=True)
+    epilog = (
+        "Override any field with dotted KEY=VALUE arguments (values parse as YAML), e.g.\n"
+        "  olingo experiment run exp.yaml n_repeats=3 matrix.base.train.epochs=5 overwrite=true\n"
+        "Unknown keys are errors. Top-level fields (each arm is an olingo stage config, see docs/experiments.md):\n"
+        + config_help(ExperimentConfig)
+    )
+    run = actions.add_parser(
+        "run", help="run every arm and seed of EXP.yaml, then print the results", epilog=epilog,
+        description="Runs EXP.yaml's arms one after another in this process; writes <output_dir>/<name>/ "
+        "(experiment.yaml, result.json, runs/<run>/...). Exit status 0 when every run completed, 1 otherwise.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("path", type=Path, metavar="EXP.yaml", help="experiment config file")
+    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
+    run.set_defaults(handler=_cmd_experiment_run)
+
+
+def _cmd_experiment_run(args: argparse.Namespace) -> int:
+    from olingo.experiment import run_experiment
+    from olingo.report import format_experiment_table
+
+    result = run_experiment(args.path, args.overrides)
+    print(f"experiment directory: {result.output_dir}")
+    print(format_experiment_table(result))
+    print(f"status: {result.status}")
+    print(f"conclusion: {result.conclusion}")
+    return 0 if result.status == "completed" else 1
 
 
 def _load(args: argparse.Namespace):
@@ -116,9 +154,12 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from olingo.report import format_summary, summarize, write_report
+    from olingo.report import format_summary, is_experiment_dir, summarize, write_report
 
     for run_dir in args.run_dirs:
+        if is_experiment_dir(run_dir):
+            _report_experiment(run_dir, args.smooth)
+            continue
         try:
             paths = write_report(run_dir, smooth=args.smooth)
         except (FileNotFoundError, ValueError) as err:
@@ -127,6 +168,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(f"{run_dir}: wrote {len(paths)} plots to {Path(run_dir) / 'plots'}")
         print(format_summary(summarize(run_dir)))
     return 0
+
+
+def _report_experiment(exp_dir: str, smooth: int | None) -> None:
+    from olingo.report import (
+        format_experiment_table,
+        load_experiment_result,
+        write_experiment_report,
+    )
+
+    paths = write_experiment_report(exp_dir, smooth=smooth)
+    result = load_experiment_result(exp_dir)
+    print(f"{exp_dir}: experiment {result.name} ({result.status}); wrote {len(paths)} plots to {Path(exp_dir) / 'plots'}")
+    print(format_experiment_table(result))
+    print(f"conclusion: {result.conclusion}")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -16,8 +17,9 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 from olingo.booster import Booster, Plugin, SingleProcessPlugin, TorchDDPPlugin
 from olingo.cluster import DistCoordinator
 from olingo.config import ConfigError, StrictModel, dump_config
+from olingo.trainer._support import Evaluator
 from olingo.trainer.base import SLTrainer
-from olingo.trainer.callbacks import Callback, build_callback
+from olingo.trainer.callbacks import Callback, LogContext, build_callback
 from olingo.trainer.checkpoint import CheckpointManager
 from olingo.trainer.utils import optimizer_steps_per_epoch, seed_everything
 
@@ -216,8 +218,22 @@ def optimizer_and_schedule(model: torch.nn.Module, cfg: OptimizerConfig, total_s
     return optimizer, build_scheduler(optimizer, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
 
 
-def fit_run(trainer: SLTrainer, cfg: StrictModel, setup: RunSetup, train_loader, eval_loader) -> dict:
+def attach_experiment(trainer: Any, ctx: LogContext | None, evaluators: Sequence[Evaluator]) -> None:
+    """Hand an experiment's shared context and in-loop evaluators (benchmarks) to a trainer.
+
+    The trainer puts `ctx` on its `LoopState` (so loop hooks see the experiment) and runs the
+    evaluators on its live model; outside an experiment both stay empty.
+    """
+    trainer.state.ctx = ctx
+    trainer.evaluators = list(evaluators)
+
+
+def fit_run(
+    trainer: SLTrainer, cfg: StrictModel, setup: RunSetup, train_loader, eval_loader,
+    *, ctx: LogContext | None = None, evaluators: Sequence[Evaluator] = (),
+) -> dict:
     """Resume when asked, fit, and report where everything went."""
+    attach_experiment(trainer, ctx, evaluators)
     trainer.show_progress = cfg.logging.progress
     trainer.run_config = cfg.model_dump(mode="json")
     checkpoint = resume_checkpoint(cfg.run, setup.run_dir)

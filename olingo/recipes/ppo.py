@@ -10,6 +10,7 @@ The recipe, top to bottom:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -27,6 +28,7 @@ from olingo.recipes.common import (
     OptimizerConfig,
     PluginConfig,
     RunConfig,
+    attach_experiment,
     build_callbacks,
     make_plugin,
     open_run,
@@ -34,6 +36,8 @@ from olingo.recipes.common import (
     resolve_path,
     resume_checkpoint,
 )
+from olingo.trainer._support import Evaluator
+from olingo.trainer.callbacks import Callback, LogContext
 from olingo.trainer.callbacks.builtin import PerformanceEvaluator
 from olingo.trainer.ppo import PPOTrainer, ppo_steps_per_episode
 
@@ -121,6 +125,29 @@ class PPOAlgoConfig(StrictModel):
     accuracy_function: str | None = Field(None, description="reward function counted as accuracy in evaluation (e.g. arithmetic_exact)")
 
 
+class ActorResources(StrictModel):
+    """Ray resources of one actor."""
+
+    num_cpus: float = Field(1.0, description="CPUs reserved for the actor (also its torch threads)")
+    num_gpus: float = Field(0.0, description="GPUs reserved for the actor (fractions share a GPU)")
+
+
+class RayConfig(StrictModel):
+    """Detached mode: experience makers and the trainer as separate Ray actors (olingo.ray)."""
+
+    enabled: bool = Field(False, description="run PPO as Ray actors instead of one process")
+    address: str | None = Field(None, description="Ray cluster to join (default: $RAY_ADDRESS, else start a local instance)")
+    num_cpus: int | None = Field(None, description="CPUs of the local Ray instance started when none is joined (default: all)")
+    num_makers: int = Field(1, ge=1, description="experience-maker actors, each with its own actor/critic/reward/reference copies")
+    maker_resources: ActorResources = Field(default_factory=ActorResources, description="resources of each maker")
+    trainer_resources: ActorResources = Field(default_factory=ActorResources, description="resources of the trainer")
+    buffer_limit: int = Field(0, ge=0, description="training batches the trainer's buffer holds before makers wait (0: one episode's worth)")
+    max_staleness: int | None = Field(1, ge=0, description="drop experience made more than this many weight syncs ago (null: keep all)")
+    max_restarts: int = Field(3, ge=0, description="times Ray restarts a dead maker (it then gets the current weights)")
+    call_timeout_s: float = Field(300.0, gt=0, description="limit of every remote call")
+    experience_timeout_s: float = Field(600.0, gt=0, description="longest wait for the next experience batch")
+
+
 class PPOConfig(StrictModel):
     """PPO (`olingo ppo`)."""
 
@@ -135,6 +162,7 @@ class PPOConfig(StrictModel):
     plugin: PluginConfig = Field(default_factory=PluginConfig, description="parallel strategy")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="loggers")
     callbacks: list[CallbackSpec] = Field(default_factory=list, description="extra callbacks, [{kind, params}]")
+    ray: RayConfig = Field(default_factory=RayConfig, description="detached mode on Ray (rollout workers and trainer as actors)")
 
 
 def generate_kwargs(cfg: GenerationConfig, temperature: float | None = None) -> dict:
@@ -152,8 +180,14 @@ def load_reward(cfg: PPOConfig, tokenizer) -> RewardModel | RLVRRewardModel:  # 
     return model.eval().requires_grad_(False)
 
 
-def run_ppo(cfg: PPOConfig) -> dict:
+def run_ppo(cfg: PPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogContext | None = None, evaluators: Sequence[Evaluator] = ()) -> dict:
     """Train with PPO as `cfg` says; returns the run directory, final actor and eval metrics."""
+    if cfg.ray.enabled:  # olingo.ray is the only package that imports ray
+        if ctx is not None or evaluators:
+            raise ConfigError("ray.enabled is not available inside an experiment: its callbacks run in the trainer actor, not here")
+        from olingo.ray.launch import run_ppo_ray
+
+        return run_ppo_ray(cfg, callbacks=callbacks)
     algo, m = cfg.ppo, cfg.model
     if algo.ptx_coef > 0 and not cfg.data.pretrain:
         raise ConfigError("ppo.ptx_coef > 0 needs data.pretrain (SFT-format rows for the ptx loss)")
@@ -202,7 +236,7 @@ def run_ppo(cfg: PPOConfig) -> dict:
         vf_coef=algo.vf_coef, value_clip=algo.value_clip, sample_buffer=algo.sample_buffer,
         offload_inference_models=algo.offload_inference_models, accumulation_steps=algo.accumulation_steps,
         save_interval=algo.save_interval, save_dir=str(setup.run_dir), coordinator=setup.coordinator,
-        callbacks=[PerformanceEvaluator(), *build_callbacks(cfg.callbacks)],
+        callbacks=[PerformanceEvaluator(), *build_callbacks(cfg.callbacks), *callbacks],
         maker_kwargs=dict(
             kl_estimator=algo.kl_estimator, kl_target=algo.kl_target, kl_horizon=algo.kl_horizon, gamma=algo.gamma,
             lam=algo.lam, whiten_advantages=algo.whiten_advantages, normalize_reward=cfg.reward.normalize,
@@ -215,6 +249,7 @@ def run_ppo(cfg: PPOConfig) -> dict:
     )
     trainer.show_progress = cfg.logging.progress
     trainer.run_config = cfg.model_dump(mode="json")
+    attach_experiment(trainer, ctx, evaluators)
     checkpoint = resume_checkpoint(cfg.run, setup.run_dir)
     if checkpoint is not None:
         trainer.load_checkpoint(checkpoint)

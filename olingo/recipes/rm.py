@@ -10,6 +10,7 @@ The recipe, top to bottom:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field
@@ -30,6 +31,8 @@ from olingo.recipes.common import (
     open_run,
     resolve_path,
 )
+from olingo.trainer._support import Evaluator
+from olingo.trainer.callbacks import Callback, LogContext
 from olingo.trainer.rm import RewardModelTrainer
 
 
@@ -61,7 +64,10 @@ class RMConfig(StrictModel):
     callbacks: list[CallbackSpec] = Field(default_factory=list, description="extra callbacks, [{kind, params}]")
 
 
-def run_rm(cfg: RMConfig) -> dict:
+def run_rm(
+    cfg: RMConfig, *, callbacks: Sequence[Callback] = (), ctx: LogContext | None = None,
+    evaluators: Sequence[Evaluator] = (),
+) -> dict:
     """Train a reward model as `cfg` says; returns the run directory and final eval metrics."""
     # 1. seed, plugin, run directory
     setup = open_run(cfg.run, cfg.plugin, cfg.train.max_grad_norm, cfg)
@@ -89,7 +95,7 @@ def run_rm(cfg: RMConfig) -> dict:
         model=model, booster=setup.booster, optimizer=optimizer, plugin=setup.plugin, lr_scheduler=scheduler,
         tokenizer=tokenizer, loss_fn=loss_fn, max_epochs=cfg.train.epochs, beta=cfg.train.beta,
         accumulation_steps=cfg.train.accumulation_steps, save_interval=cfg.train.save_interval,
-        save_dir=str(setup.run_dir), coordinator=setup.coordinator, callbacks=build_callbacks(cfg.callbacks),
+        save_dir=str(setup.run_dir), coordinator=setup.coordinator, callbacks=[*build_callbacks(cfg.callbacks), *callbacks],
         eval_interval=cfg.train.eval_interval,
     )
-    return fit_run(trainer, cfg, setup, train_loader, eval_loader)
+    return fit_run(trainer, cfg, setup, train_loader, eval_loader, ctx=ctx, evaluators=evaluators)

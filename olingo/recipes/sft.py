@@ -10,6 +10,8 @@ The recipe, top to bottom:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import Field
 
 from olingo.config import StrictModel
@@ -28,6 +30,8 @@ from olingo.recipes.common import (
     open_run,
     resolve_path,
 )
+from olingo.trainer._support import Evaluator
+from olingo.trainer.callbacks import Callback, LogContext
 from olingo.trainer.sft import SFTTrainer
 
 
@@ -53,7 +57,10 @@ class SFTConfig(StrictModel):
     callbacks: list[CallbackSpec] = Field(default_factory=list, description="extra callbacks, [{kind, params}]")
 
 
-def run_sft(cfg: SFTConfig) -> dict:
+def run_sft(
+    cfg: SFTConfig, *, callbacks: Sequence[Callback] = (), ctx: LogContext | None = None,
+    evaluators: Sequence[Evaluator] = (),
+) -> dict:
     """Fine-tune as `cfg` says; returns the run directory, final model and eval metrics."""
     # 1. seed, plugin, run directory
     setup = open_run(cfg.run, cfg.plugin, cfg.train.max_grad_norm, cfg)
@@ -80,6 +87,6 @@ def run_sft(cfg: SFTConfig) -> dict:
         model=model, booster=setup.booster, optim=optimizer, lr_scheduler=scheduler, max_epochs=cfg.train.epochs,
         plugin=setup.plugin, accumulation_steps=cfg.train.accumulation_steps, apply_loss_mask=cfg.data.apply_loss_mask,
         save_interval=cfg.train.save_interval, save_dir=str(setup.run_dir), coordinator=setup.coordinator,
-        tokenizer=tokenizer, callbacks=build_callbacks(cfg.callbacks), eval_interval=cfg.train.eval_interval,
+        tokenizer=tokenizer, callbacks=[*build_callbacks(cfg.callbacks), *callbacks], eval_interval=cfg.train.eval_interval,
     )
-    return fit_run(trainer, cfg, setup, train_loader, eval_loader)
+    return fit_run(trainer, cfg, setup, train_loader, eval_loader, ctx=ctx, evaluators=evaluators)

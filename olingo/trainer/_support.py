@@ -1,12 +1,50 @@
-"""What every trainer loop does the same way: default loggers and callback state in checkpoints."""
+"""What every trainer loop does the same way: default loggers, callback state in checkpoints,
+and in-loop evaluators (experiment benchmarks with `run_every > 0`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from olingo.trainer.callbacks import Callback
+from olingo.trainer.callbacks import Callback, LoopState, dispatch
+
+
+@dataclass
+class EvalOutput:
+    """What an in-loop evaluator returns: logged metrics, the scored rows, the full record."""
+
+    metrics: dict[str, float]  # namespaced keys as logged, e.g. "arithmetic/accuracy"
+    predictions: list[dict[str, Any]] = field(default_factory=list)
+    result: Any = None  # an olingo.experiment.EvalResult, handed to on_benchmark_eval
+
+
+class Evaluator(Protocol):
+    """Scores the live model every `every` optimizer steps (0 = never in the loop)."""
+
+    name: str
+    every: int
+
+    def __call__(self, model: Any, tokenizer: Any, step: int) -> EvalOutput: ...
+
+
+def run_evaluator(callbacks: Sequence[Callback], state: LoopState, evaluator: Evaluator) -> EvalOutput:
+    """Score `state.policy` now; fire `on_eval` and, inside an experiment, `on_benchmark_eval`.
+
+    The model is put in eval mode for the pass and given back in the mode it was in.
+    """
+    model = state.policy
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    try:
+        out = evaluator(model, state.tokenizer, state.step)
+    finally:
+        model.train(was_training)
+    dispatch(callbacks, "on_eval", state, state.step, evaluator.name, out.metrics)
+    if state.ctx is not None:
+        dispatch(callbacks, "on_benchmark_eval", state.ctx, out.result, out.predictions, step=state.step)
+    return out
 
 
 def default_callbacks(run_dir: Path | None, use_wandb: bool, show_progress: bool) -> list[Callback]:
@@ -44,3 +82,8 @@ def restore_callback_states(callbacks: Sequence[Callback], states: dict[str, Any
         key = f"{i}:{type(cb).__name__}"
         if key in states and callable(getattr(cb, "load_state_dict", None)):
             cb.load_state_dict(states[key])
+
+
+def due_evaluators(evaluators: Sequence[Evaluator], since: int, step: int) -> list[Evaluator]:
+    """Evaluators with a multiple of their `every` in the steps (since, step]."""
+    return [e for e in evaluators if e.every > 0 and step // e.every > since // e.every]

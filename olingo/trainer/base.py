@@ -10,6 +10,7 @@ The loop, as the hooks see it (docs/callbacks.md has the full order):
             metrics row written, on_step_end(state, step, batch, metrics)
             checkpoint when step % save_interval == 0                      -> on_checkpoint
             evaluation when step % eval_interval == 0                      -> on_eval
+            in-loop evaluators when step % evaluator.every == 0            -> on_eval, on_benchmark_eval
             stop here when a callback called state.request_stop()
         evaluation at the end of the epoch                                -> on_eval
     final checkpoint                                                      -> on_checkpoint
@@ -38,7 +39,14 @@ from torch.utils.data import DataLoader
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
 from olingo.dataset.sampler import ResumableSampler
-from olingo.trainer._support import callback_states, default_callbacks, restore_callback_states
+from olingo.trainer._support import (
+    Evaluator,
+    callback_states,
+    default_callbacks,
+    due_evaluators,
+    restore_callback_states,
+    run_evaluator,
+)
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager
 from olingo.trainer.utils import optimizer_steps_per_epoch, rng_state, set_rng_state
@@ -93,6 +101,7 @@ class SLTrainer(ABC):
         self._saved_rows: list[ManifestRow] = []
         self._defaults_installed = False
         self.last_eval_metrics: dict[str, float] | None = None
+        self.evaluators: list[Evaluator] = []  # scored on the live model every `every` steps
 
     # ---- what a concrete trainer supplies ------------------------------------------------
     def _forward_backward(self, batch: dict[str, torch.Tensor], loss_scale: float) -> dict[str, torch.Tensor]:
@@ -118,6 +127,7 @@ class SLTrainer(ABC):
         self._restore_callback_states()
         state = self.state
         state.output_dir, state.config = run_dir, self.run_config
+        state.policy, state.tokenizer = self.booster.unwrap(self.model), self.tokenizer
         state.num_steps = self.max_epochs * self._steps_per_epoch()
         first_epoch, consumed = self._resume_position or (self.start_epoch, 0)
         if self._resume_position is None:
@@ -206,6 +216,9 @@ class SLTrainer(ABC):
             self._save_checkpoint(f"step_{step}")
         if self.eval_interval and step % self.eval_interval == 0:
             self._run_eval()
+        if self.coordinator.is_master:
+            for evaluator in due_evaluators(self.evaluators, step - 1, step):
+                run_evaluator(self.callbacks, self.state, evaluator)
 
     def _eval(self, epoch: int) -> None:
         """End-of-epoch evaluation; writes `eval/epoch_<epoch>.json` in the run directory."""

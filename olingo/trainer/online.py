@@ -19,6 +19,7 @@ The loop, as the hooks see it (REFERENCE.md A1; docs/callbacks.md has the full o
         on_episode_end(episode)                          in a finally
         checkpoint if a multiple of save_interval was crossed -> on_checkpoint
         evaluation if a multiple of eval_interval was crossed -> on_eval
+        in-loop evaluators whose `every` was crossed     -> on_eval, on_benchmark_eval
     evaluation of the final policy (unless it just ran)           -> on_eval
     final checkpoint
     on_fit_end()                                         in a finally
@@ -42,7 +43,14 @@ from olingo.booster import Booster
 from olingo.cluster import DistCoordinator
 from olingo.experience_buffer import NaiveExperienceBuffer
 from olingo.experience_maker import Experience
-from olingo.trainer._support import callback_states, default_callbacks, restore_callback_states
+from olingo.trainer._support import (
+    Evaluator,
+    callback_states,
+    default_callbacks,
+    due_evaluators,
+    restore_callback_states,
+    run_evaluator,
+)
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager
 
@@ -90,6 +98,8 @@ class OLTrainer(ABC):
         self._defaults_installed = False
         self._last_saved_step = 0  # optimizer step of the last checkpoint (due checks)
         self._last_eval_step = 0
+        self._episode_start_step = 0  # optimizer step before the current episode (evaluators)
+        self.evaluators: list[Evaluator] = []  # scored on the live policy every `every` steps
 
     # ---- what a concrete trainer supplies ------------------------------------------------
     @abstractmethod
@@ -115,6 +125,15 @@ class OLTrainer(ABC):
     def add_callback(self, callback: Callback) -> None:
         self.callbacks.append(callback)
 
+    def _policy(self) -> tuple[Any, Any]:
+        """The policy being trained (unwrapped) and its tokenizer, for in-loop evaluators.
+
+        By default the `actor` and `tokenizer` attributes (ColossalChat's names); a trainer
+        that names its policy otherwise overrides this.
+        """
+        actor = getattr(self, "actor", None)
+        return (self.actor_booster.unwrap(actor) if actor is not None else None), getattr(self, "tokenizer", None)
+
     # ---- the loop -------------------------------------------------------------------------
     def fit(self, num_episodes: int, num_collect_steps: int, num_update_steps: int, *args: Any, **kwargs: Any) -> LoopArtifacts:
         """Run episodes `start_episode .. num_episodes-1`; see the module docstring."""
@@ -122,13 +141,14 @@ class OLTrainer(ABC):
         self.num_episodes = num_episodes
         state = self.state
         state.num_steps = num_episodes * self._steps_per_episode(num_collect_steps, num_update_steps)
+        state.policy, state.tokenizer = self._policy()
         t0, error, artifacts = time.time(), None, None
         dispatch(self.callbacks, "on_train_start", state)
         try:
             dispatch(self.callbacks, "on_fit_start")
             try:
                 for episode in range(self.start_episode, num_episodes):
-                    state.epoch = episode
+                    state.epoch, self._episode_start_step = episode, state.step
                     self._run_episode(episode, num_collect_steps, num_update_steps)
                     self.start_episode = episode + 1
                     self._after_episode()
@@ -172,6 +192,9 @@ class OLTrainer(ABC):
             self._save_checkpoint(f"step_{step}")
         if self._crossed(self.eval_interval, self._last_eval_step, step):
             self._run_eval()
+        if self.coordinator.is_master and self.state.policy is not None:
+            for evaluator in due_evaluators(self.evaluators, self._episode_start_step, step):
+                run_evaluator(self.callbacks, self.state, evaluator)
 
     @staticmethod
     def _crossed(interval: int, since: int, step: int) -> bool:

@@ -33,24 +33,12 @@ from olingo.booster import Booster, OptimizerWrapper
 from olingo.cluster import DistCoordinator
 from olingo.dataset.sampler import CyclicLoader
 from olingo.experience_buffer import NaiveExperienceBuffer
-from olingo.experience_maker import (
-    Experience,
-    GenerationSettings,
-    NaiveExperienceMaker,
-    action_values,
-    policy_logits,
-)
-from olingo.models.functional import (
-    entropy_from_logits,
-    explained_variance,
-    log_probs_from_logits,
-    masked_mean,
-)
-from olingo.models.loss import GPTLMLoss, PolicyLoss, ValueLoss
+from olingo.experience_maker import Experience, GenerationSettings, NaiveExperienceMaker
 from olingo.trainer.callbacks import Callback, dispatch
 from olingo.trainer.callbacks.builtin.samples import RolloutSamples
 from olingo.trainer.online import OLTrainer
 from olingo.trainer.ppo_eval import evaluate_policy
+from olingo.trainer.ppo_learner import PPOLearner
 from olingo.trainer.utils import rng_state, set_rng_state
 
 logger = logging.getLogger("olingo.trainer")
@@ -129,14 +117,16 @@ class PPOTrainer(OLTrainer):
             raise ValueError("use_tp=True: tensor parallelism is not available in olingo; use the DDP plugin (FSDP2 is planned)")
         if accumulation_steps < 1 or train_batch_size < 1:
             raise ValueError("accumulation_steps and train_batch_size must be >= 1")
-        for name, optim in (("actor_optim", actor_optim), ("critic_optim", critic_optim)):
-            if not isinstance(optim, OptimizerWrapper):
-                raise TypeError(f"{name}: pass the optimizer returned by booster.boost(...), not the raw torch optimizer")
+        learner = PPOLearner(
+            actor_booster, critic_booster, actor, critic, actor_optim, critic_optim, actor_lr_scheduler, critic_lr_scheduler,
+            eps_clip=eps_clip, value_clip=value_clip, vf_coef=vf_coef, ptx_coef=ptx_coef, apply_loss_mask=apply_loss_mask,
+        )
         buffer = NaiveExperienceBuffer(train_batch_size, buffer_limit, buffer_cpu_offload, pad_token_id=tokenizer.pad_token_id or 0)
         super().__init__(
             actor_booster, critic_booster, buffer, sample_buffer, dataloader_pin_memory, callbacks,
             coordinator=coordinator, save_interval=save_interval, save_dir=save_dir, eval_interval=eval_interval,
         )
+        self.learner = learner
         self.actor, self.critic, self.reward_model, self.initial_model = actor, critic, reward_model, initial_model
         self.actor_optim, self.critic_optim = actor_optim, critic_optim
         self.actor_scheduler, self.critic_scheduler = actor_lr_scheduler, critic_lr_scheduler
@@ -147,11 +137,8 @@ class PPOTrainer(OLTrainer):
             actor_booster.unwrap(actor), critic, reward_model, initial_model, tokenizer, kl_coef,
             generation=self.generation, **(maker_kwargs or {}),
         )
-        self.ptx_coef, self.vf_coef = ptx_coef, vf_coef
         self.train_batch_size, self.accumulation_steps = train_batch_size, accumulation_steps
-        self.actor_loss_fn, self.critic_loss_fn, self.ptx_loss_fn = PolicyLoss(eps_clip), ValueLoss(value_clip), GPTLMLoss()
         self.offload_inference_models = offload_inference_models
-        self.apply_loss_mask = apply_loss_mask
         self.accuracy_fn = accuracy_fn
         self.device = actor_booster.device
         self.prompts: CyclicLoader | None = None
@@ -160,6 +147,14 @@ class PPOTrainer(OLTrainer):
         self._episode_rollout: list[dict[str, float]] = []
         self._episode_timing = {"make_experience": 0.0, "tokens": 0.0}
         self._pending_loader_states: dict[str, Any] = {}
+
+    @property
+    def ptx_coef(self) -> float:
+        return self.learner.ptx_coef
+
+    @ptx_coef.setter
+    def ptx_coef(self, value: float) -> None:
+        self.learner.ptx_coef = value
 
     # ---- fit ----------------------------------------------------------------------------------
     def fit(
@@ -251,8 +246,7 @@ class PPOTrainer(OLTrainer):
             last = i == len(group) - 1
             with ExitStack() as no_sync:
                 if not last:  # gradients are averaged across ranks on the last minibatch only
-                    no_sync.enter_context(self.actor_booster.no_sync(self.actor, self.actor_optim))
-                    no_sync.enter_context(self.critic_booster.no_sync(self.critic, self.critic_optim))
+                    no_sync.enter_context(self.learner.no_sync())
                 dispatch(self.callbacks, "on_learn_batch_start")
                 experience = experience.to_device(self.device)
                 stats.append(self._training_step(experience, 1.0 / len(group)))
@@ -260,60 +254,14 @@ class PPOTrainer(OLTrainer):
         return {name: torch.stack([s[name] for s in stats]).mean() for name in stats[0]}
 
     def _training_step(self, experience: Experience, loss_scale: float) -> dict[str, torch.Tensor]:
-        """Policy (+ptx) and value losses of one minibatch, backward scaled by `loss_scale`."""
-        mask, num_actions = experience.action_mask, experience.num_actions
-        logits = policy_logits(self.actor, experience.sequences, experience.attention_mask, num_actions, self.experience_maker.temperature)
-        log_probs = log_probs_from_logits(logits, experience.sequences[:, -num_actions:])
-        policy_loss, skip, policy_stats = self.actor_loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask)
-        actor_loss, ptx_loss = policy_loss, torch.zeros((), device=self.device)
-        if self.pretrain is not None:
-            ptx_loss = self._ptx_loss()
-            actor_loss = (1 - self.ptx_coef) * policy_loss + self.ptx_coef * ptx_loss
-        skip = self._any_rank(skip)
-        # A skipped minibatch still runs backward (times 0) so data-parallel ranks stay in step.
-        self.actor_booster.backward(actor_loss * (0.0 if skip else loss_scale), self.actor_optim)
-
-        values = action_values(self.critic, experience.sequences, experience.attention_mask, num_actions)
-        value_loss, value_stats = self.critic_loss_fn(values, experience.values, experience.returns, mask)
-        self.critic_booster.backward(value_loss * self.vf_coef * loss_scale, self.critic_optim)
-        return {
-            "policy_loss": policy_loss.detach(),
-            "value_loss": value_loss.detach(),
-            "ptx_loss": ptx_loss.detach(),
-            "clipfrac": policy_stats["clipfrac"],
-            "approx_kl": policy_stats["approx_kl"],
-            "entropy": masked_mean(entropy_from_logits(logits.detach()), mask),
-            "explained_variance": explained_variance(values.detach(), experience.returns, mask),
-            "ratio_max": policy_stats["ratio_max"],
-            "skip_ratio": torch.tensor(float(skip), device=self.device),
-            "value_clipfrac": value_stats["value_clipfrac"],
-        }
-
-    def _ptx_loss(self) -> torch.Tensor:
-        batch = self.pretrain.next()
-        batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        logits = self.actor(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        mask = batch["loss_mask"] if self.apply_loss_mask and "loss_mask" in batch else batch["attention_mask"]
-        return self.ptx_loss_fn(logits, batch["input_ids"], mask)
-
-    def _any_rank(self, flag: bool) -> bool:
-        return bool(self.actor_booster.plugin.all_reduce_sum(torch.tensor(float(flag), device=self.device)) > 0)
+        """Policy (+ptx) and value losses of one minibatch (see `PPOLearner.training_step`)."""
+        ptx_batch = self.pretrain.next() if self.pretrain is not None else None
+        return self.learner.training_step(experience, loss_scale, self.experience_maker.temperature, ptx_batch)
 
     def _optimizer_step(self, stats: dict[str, torch.Tensor]) -> dict[str, float]:
         """Step both optimizers and schedulers; metrics of the step averaged over ranks."""
-        lrs = {"train/actor_lr": self.actor_optim.param_groups[0]["lr"], "train/critic_lr": self.critic_optim.param_groups[0]["lr"]}
-        for optim, scheduler in ((self.actor_optim, self.actor_scheduler), (self.critic_optim, self.critic_scheduler)):
-            optim.step()
-            optim.zero_grad()
-            if scheduler is not None:
-                scheduler.step()
+        metrics = self.learner.optimizer_step(stats)
         self.state.step += 1
-        names = list(stats)
-        values = self.actor_booster.plugin.all_reduce_mean(torch.stack([stats[n].float() for n in names])).tolist()
-        metrics = {f"train/{n}": v for n, v in zip(names, values, strict=True)}
-        metrics.update(lrs)
-        metrics["train/actor_grad_norm"] = self.actor_optim.grad_norm
-        metrics["train/critic_grad_norm"] = self.critic_optim.grad_norm
         metrics.update(self._rollout_metrics())
         return metrics
 
@@ -348,14 +296,9 @@ class PPOTrainer(OLTrainer):
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def _write_checkpoint(self, directory: Path) -> None:
-        self.actor_booster.save_model(self.actor, directory / "actor")
-        self.critic_booster.save_model(self.critic, directory / "critic")
+        self.learner.save(directory)
         if self.coordinator.is_master:
             self.tokenizer.save_pretrained(str(directory / "actor"))
-        for name, booster, optim, scheduler in self._trained():
-            booster.save_optimizer(optim, directory / f"{name}_optimizer.pt")
-            if scheduler is not None:
-                booster.save_lr_scheduler(scheduler, directory / f"{name}_scheduler.pt")
         torch.save(rng_state(), directory / f"rng_rank{self.coordinator.rank}.pt")
         if self.coordinator.is_master:
             state = {
@@ -365,24 +308,13 @@ class PPOTrainer(OLTrainer):
             }
             (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
 
-    def _trained(self) -> list[tuple[str, Booster, OptimizerWrapper, Any]]:
-        return [
-            ("actor", self.actor_booster, self.actor_optim, self.actor_scheduler),
-            ("critic", self.critic_booster, self.critic_optim, self.critic_scheduler),
-        ]
-
     def load_checkpoint(self, directory: str | Path) -> None:
         """Restore each piece to its own owner: actor weights into the actor (never the frozen
         reference), each optimizer and scheduler into its model's, plus RNG, the prompt and
         pretrain positions, the KL controller and reward statistics, counters and callbacks."""
         directory = Path(directory)
         trainer_state = json.loads((directory / "trainer_state.json").read_text())
-        self.actor_booster.load_model(self.actor, directory / "actor")
-        self.critic_booster.load_model(self.critic, directory / "critic")
-        for name, booster, optim, scheduler in self._trained():
-            booster.load_optimizer(optim, directory / f"{name}_optimizer.pt")
-            if scheduler is not None:
-                booster.load_lr_scheduler(scheduler, directory / f"{name}_scheduler.pt")
+        self.learner.load(directory)
         rng_file = directory / f"rng_rank{self.coordinator.rank}.pt"
         set_rng_state(torch.load(rng_file if rng_file.exists() else directory / "rng_rank0.pt", weights_only=False))
         self.experience_maker.load_state_dict(trainer_state["experience_maker"])

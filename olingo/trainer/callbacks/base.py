@@ -1,9 +1,11 @@
 """The one `Callback` class that carries every hook olingo fires.
 
-Three families of hooks live on the same class, so one object can watch a whole experiment:
+Four families of hooks live on the same class, so one object can watch a whole experiment:
 
 * the ten online-trainer hooks of ColossalChat's `coati.trainer.callbacks.base.Callback`
   (fit, episode, make-experience, learn-epoch, learn-batch), fired by PPO-style trainers;
+* the Ray detached-mode hooks (`olingo.ray`): the trainer fires update start/end around each
+  weight sync; experience-maker actors fire loop, batch, make-experience and send hooks;
 * the loop hooks of a training loop (train start/end, step end, checkpoint, eval), fired by
   every olingo trainer, supervised and online;
 * the experiment hooks (experiment, group, run, benchmark eval), fired by `olingo.experiment`.
@@ -56,6 +58,32 @@ class Callback(ABC):  # noqa: B024 - abstract by convention: every hook has a de
 
     def on_learn_batch_end(self, experience: Any) -> None:
         """After one training step, with the minibatch `Experience` it used."""
+
+    # ---- Ray detached mode (olingo.ray): trainer side ------------------------------------------
+    def on_update_start(self) -> None:
+        """Before the trainer pushes new weights to the experience makers."""
+
+    def on_update_end(self) -> None:
+        """After every maker has loaded the new weights."""
+
+    # ---- Ray detached mode: experience-maker side (fired inside each maker actor) ------------
+    def on_loop_start(self) -> None:
+        """When a maker's working loop starts (again after a restart)."""
+
+    def on_loop_end(self) -> None:
+        """When a maker's working loop ends (stop signal, step budget, or an error)."""
+
+    def on_batch_start(self) -> None:
+        """Before a maker takes its next prompt batch."""
+
+    def on_batch_end(self) -> None:
+        """After that batch's experience was sent (or discarded because training ended)."""
+
+    def on_send_start(self) -> None:
+        """Before a maker sends a batch of experience to a trainer's buffer."""
+
+    def on_send_end(self) -> None:
+        """After the trainer accepted the batch (or refused it because training ended)."""
 
     # ---- loop hooks: fired by every trainer ------------------------------------------------
     def on_train_start(self, state: LoopState) -> None:

@@ -3,12 +3,14 @@
 Parameters are validated against the callback's constructor with pydantic, so a typo in a
 YAML file is an error naming the key (with a did-you-mean), not a silently ignored option.
 Third-party packages add callbacks through the entry-point group `olingo.callbacks`
-(`name = "package.module:ClassName"`); they are loaded on first lookup.
+(`name = "package.module:ClassName"`); they are loaded on first lookup. A name is owned by one
+class: a second, different class under a taken name (built-in or not) is refused.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
@@ -18,36 +20,48 @@ import pydantic
 from olingo.config_errors import did_you_mean
 from olingo.trainer.callbacks.base import Callback
 
+logger = logging.getLogger("olingo.callbacks")
 ENTRY_POINT_GROUP = "olingo.callbacks"
 _REGISTRY: dict[str, type[Callback]] = {}
 _entry_points_loaded = False
 
 
-def register_callback(name: str) -> Callable[[type[Callback]], type[Callback]]:
-    """Class decorator: make a callback buildable as `{"kind": name}`.
+def register_callback(name: str, *aliases: str) -> Callable[[type[Callback]], type[Callback]]:
+    """Class decorator: make a callback buildable as `{"kind": name}` (and as each alias).
 
-    A second, different class under a taken name is refused (re-registering the same class,
-    e.g. on module reload, is allowed).
+    Aliases keep older names working (`tensorboard` for `tensorboard_logger`); they are plain
+    entries for the same class. A second, different class under a taken name is refused;
+    re-registering the same class (same module and name, e.g. on module reload) is allowed.
     """
 
     def decorator(cls: type[Callback]) -> type[Callback]:
-        taken = _REGISTRY.get(name)
-        if taken is not None and taken.__qualname__ != cls.__qualname__:
-            raise ValueError(f"callback name '{name}' is already registered by {taken.__module__}.{taken.__qualname__}")
-        _REGISTRY[name] = cls
+        for key in (name, *aliases):
+            taken = _REGISTRY.get(key)
+            if taken is not None and not _same_class(taken, cls):
+                raise ValueError(f"callback name '{key}' is already registered by {taken.__module__}.{taken.__qualname__}")
+        for key in (name, *aliases):
+            _REGISTRY[key] = cls
         return cls
 
     return decorator
 
 
+def _same_class(a: type, b: type) -> bool:
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
+
+
 def _load_entry_points() -> None:
+    """Register every `olingo.callbacks` entry point; a broken or clashing one is logged and
+    skipped, so one bad package cannot make every callback unbuildable."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _REGISTRY:
+        try:
             register_callback(ep.name)(ep.load())
+        except Exception as err:  # noqa: BLE001 - a third-party import can raise anything
+            logger.error("callback entry point '%s = %s' skipped: %s", ep.name, ep.value, err)
 
 
 def registered_callbacks() -> dict[str, type[Callback]]:

@@ -3,7 +3,9 @@
 Step numbering, everywhere in olingo: `step` counts *completed optimizer steps*. The first
 optimizer step is step 1; `on_step_end(state, 1, ...)` fires after it; the metrics row of that
 step has `"step": 1`; a checkpoint taken after it is named `step_1`; a run resumed from it starts
-with `state.step == 1`.
+with `state.step == 1`. Evaluations and in-loop benchmarks carry the step they ran after
+(`on_eval(state, N, ...)`, `on_benchmark_eval(..., step=N)`); benchmarks of the final model
+carry `step=None`. The step is never 0-based.
 
 A checkpoint at step N is taken before the evaluations due at step N, so a run resumed from it
 runs those evaluations again: loggers keep train rows up to N and eval rows before N
@@ -43,6 +45,10 @@ class LoopState:
     is_master: bool = True  # rank 0 of the job: loggers write only there
     stop_requested: bool = False
     ctx: LogContext | None = None  # set when the run is part of an experiment
+    # The model being trained, unwrapped (PPO: the actor), and its tokenizer, for in-loop
+    # evaluators; kept out of repr() so that printing a state never prints a model.
+    policy: Any = field(default=None, repr=False)
+    tokenizer: Any = field(default=None, repr=False)
     config: dict[str, Any] | None = None  # resolved run config, for loggers that record it
     extra: dict[str, Any] = field(default_factory=dict)  # trainer-specific live values
 
@@ -67,13 +73,20 @@ class LoopArtifacts:
 
 @dataclass
 class LogContext:
-    """Shared context of an experiment: one object for every experiment-scope hook."""
+    """Shared context of an experiment: one object for every experiment-scope hook.
+
+    The runner updates the run fields before `on_run_start`; they keep the last run's values
+    until the next one starts (so `on_run_end` sees the run that just ended).
+    """
 
     experiment_name: str = ""
-    group_name: str | None = None
-    run_name: str | None = None
-    run_config: dict[str, Any] | None = None
-    output_dir: Path | None = None
+    group_name: str | None = None  # the arm when it has repeats or continual stages, else None
+    run_name: str | None = None  # "<arm>__s<seed>" (and "__<stage>" for continual stages)
+    run_config: dict[str, Any] | None = None  # the run's resolved stage config ("stage" included)
+    output_dir: Path | None = None  # the experiment directory
+    run_dir: Path | None = None  # the current run's directory
+    run_index: int = 0  # 0-based position of the current run among all runs
+    num_runs: int = 0  # runs the experiment plans in total
     ids: dict[str, Any] = field(default_factory=dict)  # ids loggers create and share
 
 

@@ -1,16 +1,18 @@
 """Built-in callbacks, registered by name for `build_callback({"kind": ..., "params": ...})`.
 
-| kind             | class               | writes (under the run directory)                     |
-|------------------|---------------------|------------------------------------------------------|
-| `jsonl_metrics`  | `JsonlMetrics`      | `metrics.jsonl`: the run's metrics log (see DESIGN §5) |
-| `csv_metrics`    | `CsvMetrics`        | `metrics.csv` (train rows), `metrics_eval.csv` (eval) |
-| `tensorboard`    | `TensorBoardLogger` | `tb/events.out.tfevents.*`                           |
-| `wandb`          | `WandbLogger`       | `wandb/` run files, `wandb_id.txt`                   |
-| `progress`       | `ProgressBar`       | a tqdm bar on stderr                                 |
-| `print_metrics`  | `PrintMetrics`      | one log line per N steps (logger `olingo.metrics`)   |
-| `early_stopping` | `EarlyStopping`     | nothing; calls `state.request_stop()`                |
-| `rollout_samples`| `RolloutSamples`    | `samples.jsonl`: decoded rollouts every N steps (PPO) |
-| `performance`    | `PerformanceEvaluator` | `perf.json`: generation vs learning time, throughput (PPO) |
+| kind (aliases)                     | class               | writes (under the run directory)                     |
+|------------------------------------|---------------------|------------------------------------------------------|
+| `jsonl_metrics`                    | `JsonlMetrics`      | `metrics.jsonl`: the run's metrics log (see DESIGN §5) |
+| `csv_metrics`                      | `CsvMetrics`        | `metrics.csv` (train rows), `metrics_eval.csv` (eval); experiments: `results.csv` |
+| `tensorboard_logger` (`tensorboard`) | `TensorBoardLogger` | `tb/events.out.tfevents.*`; experiments: `<exp>/tb/<run>/` |
+| `wandb_logger` (`wandb`)           | `WandbLogger`       | `wandb/` run files, `wandb_id.txt`; experiments: one W&B run per run |
+| `progress`                         | `ProgressBar`       | a tqdm bar on stderr                                 |
+| `print_progress` (`print_metrics`) | `PrintMetrics`      | log lines per N steps, per run, per benchmark (logger `olingo.metrics`) |
+| `early_stopping`                   | `EarlyStopping`     | nothing; calls `state.request_stop()`                |
+| `rollout_samples`                  | `RolloutSamples`    | `samples.jsonl`: decoded rollouts every N steps (PPO) |
+| `performance`                      | `PerformanceEvaluator` | `perf.json`: generation vs learning time, throughput (PPO) |
+| `local_logger`                     | `LocalLogger`       | `evals.jsonl`, `predictions/`, `result.json`, `summary.md`; `<exp>/experiment.md` |
+| `debug_logger`                     | `DebugLogger`       | `hooks.jsonl`: every hook call in order               |
 
 Every module of this package is imported here so that importing the package registers all of
 them. Loggers write only on the master process (`state.is_master`). On a resumed run
@@ -19,8 +21,10 @@ steps after `state.step`, since the resumed run recomputes those steps identical
 """
 
 from olingo.trainer.callbacks.builtin.csv_metrics import CsvMetrics
+from olingo.trainer.callbacks.builtin.debug_logger import DebugLogger
 from olingo.trainer.callbacks.builtin.early_stopping import EarlyStopping
 from olingo.trainer.callbacks.builtin.jsonl import JsonlMetrics, read_metrics
+from olingo.trainer.callbacks.builtin.local_logger import LocalLogger
 from olingo.trainer.callbacks.builtin.performance import PerformanceEvaluator
 from olingo.trainer.callbacks.builtin.progress import PrintMetrics, ProgressBar
 from olingo.trainer.callbacks.builtin.samples import RolloutSamples
@@ -29,8 +33,10 @@ from olingo.trainer.callbacks.builtin.wandb_logger import WandbLogger
 
 __all__ = [
     "CsvMetrics",
+    "DebugLogger",
     "EarlyStopping",
     "JsonlMetrics",
+    "LocalLogger",
     "PerformanceEvaluator",
     "PrintMetrics",
     "ProgressBar",

@@ -11,9 +11,11 @@ from typing import IO, Any
 from olingo.trainer.callbacks.base import Callback
 from olingo.trainer.callbacks.builtin._common import as_number, atomic_rewrite, resolve_output_path
 from olingo.trainer.callbacks.registry import register_callback
-from olingo.trainer.callbacks.state import LoopArtifacts, LoopState, kept_on_resume
+from olingo.trainer.callbacks.state import LogContext, LoopArtifacts, LoopState, kept_on_resume
 
 logger = logging.getLogger("olingo.callbacks")
+RESULTS_FILE = "results.csv"
+RESULT_COLUMNS = ["run", "arm", "group", "seed", "stage", "status", "steps", "train_seconds"]
 
 
 def eval_csv_path(path: Path) -> Path:
@@ -113,11 +115,16 @@ class CsvMetrics(Callback):
     (earlier rows get empty cells). Rows are flushed as written. On a fresh run the files are
     started anew; on a resumed run rows of steps after `state.step` are dropped (atomically).
     Only the master process writes.
+
+    In an experiment it also writes `<experiment_dir>/results.csv`: one row per run as it ends
+    (`run, arm, group, seed, stage, status, steps, train_seconds`, then its final metrics and
+    benchmark metrics), for comparing arms in a spreadsheet.
     """
 
     def __init__(self, path: str = "metrics.csv") -> None:
         self.path = path
         self._tables: dict[str, _CsvTable] = {}
+        self._results: _CsvTable | None = None
 
     def on_train_start(self, state: LoopState) -> None:
         self._close()
@@ -147,6 +154,21 @@ class CsvMetrics(Callback):
 
     def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
         self._close()
+
+    def on_experiment_start(self, ctx: LogContext) -> None:
+        if ctx.output_dir is not None:
+            self._results = _CsvTable(Path(ctx.output_dir) / RESULTS_FILE, RESULT_COLUMNS, "run")
+            self._results.start(0)
+
+    def on_run_end(self, ctx: LogContext, run_result: Any, arm: Any) -> None:
+        if self._results is not None:
+            head = {key: getattr(arm, key if key != "run" else "name") for key in RESULT_COLUMNS}
+            self._results.append({**head, **arm.metrics, **arm.eval_metrics})
+
+    def on_experiment_end(self, ctx: LogContext, result: Any) -> None:
+        if self._results is not None:
+            self._results.close()
+            self._results = None
 
     def _append(self, split: str, head: dict[str, Any], metrics: dict[str, Any]) -> None:
         table = self._tables.get(split)

@@ -30,6 +30,9 @@ class EarlyStopping(Callback):
     mode "min", higher for "max"); a NaN/inf never improves. After `patience` non-improving
     observations in a row, `state.request_stop()` is called and the reason logged.
 
+    A fresh run (`state.step == 0` at `on_train_start`) starts with no best value, so one
+    instance can watch every run of an experiment in turn.
+
     Checkpointed state (the contract trainers follow for every callback): a callback that has
     `state_dict() -> dict` (JSON-serialisable) and `load_state_dict(dict)` has its state saved in
     every checkpoint, and restored with `load_state_dict` before `on_train_start` when a run
@@ -62,6 +65,12 @@ class EarlyStopping(Callback):
         self.source: str | None = None  # "train" or "eval:<name>", fixed by the first observation
 
     # ---- hooks ----------------------------------------------------------------------------
+    def on_train_start(self, state: LoopState) -> None:
+        # A fresh run starts a fresh watch: one callback may serve every run of an experiment.
+        # A resumed run (step > 0) keeps the state restored from its checkpoint.
+        if state.step == 0:
+            self.best, self.best_step, self.bad_count, self.source = None, None, 0, None
+
     def on_eval(
         self, state: LoopState, step_idx: int, eval_name: str, metrics: dict[str, float]
     ) -> None:

@@ -1,4 +1,5 @@
-"""`progress` (a tqdm bar over optimizer steps) and `print_metrics` (log lines, for non-ttys)."""
+"""`progress` (a tqdm bar over optimizer steps) and `print_progress` (log lines, for non-ttys;
+also registered under its older name `print_metrics`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tqdm.auto import tqdm
 from olingo.trainer.callbacks.base import Callback
 from olingo.trainer.callbacks.builtin._common import as_number, format_number, short_name
 from olingo.trainer.callbacks.registry import register_callback
-from olingo.trainer.callbacks.state import LoopArtifacts, LoopState
+from olingo.trainer.callbacks.state import LogContext, LoopArtifacts, LoopState
 
 DEFAULT_KEYS = ["loss", "acc", "reward", "lr"]
 metrics_logger = logging.getLogger("olingo.metrics")
@@ -107,9 +108,10 @@ class ProgressBar(Callback):
                 self._bar = None
 
 
-@register_callback("print_metrics")
+@register_callback("print_progress", "print_metrics")
 class PrintMetrics(Callback):
-    """One log line every `every` optimizer steps (and the last step), plus one per evaluation.
+    """One log line every `every` optimizer steps (and the last step), plus one per evaluation;
+    in an experiment also one line per run start and end, per benchmark, and the conclusion.
 
     For environments where a progress bar is noise (batch jobs, CI logs). Lines go to the
     `olingo.metrics` logger at INFO; if logging is not configured at all, a stdout handler is
@@ -118,17 +120,14 @@ class PrintMetrics(Callback):
 
     def __init__(self, every: int = 1) -> None:
         if every < 1:
-            raise ValueError(f"print_metrics: 'every' must be >= 1, got {every}")
+            raise ValueError(f"print_progress: 'every' must be >= 1, got {every}")
         self.every = every
         self._active = False
 
     def on_train_start(self, state: LoopState) -> None:
         self._active = state.is_master
-        if self._active and not metrics_logger.hasHandlers():
-            handler = logging.StreamHandler(sys.stdout)
-            handler.setFormatter(logging.Formatter("%(message)s"))
-            metrics_logger.addHandler(handler)
-            metrics_logger.setLevel(logging.INFO)
+        if self._active:
+            _ensure_handler()
         if self._active and state.step > 0:
             metrics_logger.info("resuming at step %d/%d", state.step, state.num_steps)
 
@@ -147,6 +146,39 @@ class PrintMetrics(Callback):
     ) -> None:
         if self._active:
             metrics_logger.info("eval %s @ step %d | %s", eval_name, step_idx, _format_all(metrics))
+
+    # ---- experiment hooks -------------------------------------------------------------------
+    def on_experiment_start(self, ctx: LogContext) -> None:
+        _ensure_handler()
+        metrics_logger.info("experiment %s: %d runs in %s", ctx.experiment_name, ctx.num_runs, ctx.output_dir)
+
+    def on_run_start(self, ctx: LogContext) -> None:
+        group = f" (group {ctx.group_name})" if ctx.group_name else ""
+        metrics_logger.info("[%d/%d] run %s%s", ctx.run_index + 1, ctx.num_runs, ctx.run_name, group)
+
+    def on_benchmark_eval(
+        self, ctx: LogContext, eval_result: Any, predictions: list[dict], *, step: int | None = None
+    ) -> None:
+        if step is None:  # in-loop results were printed by on_eval already
+            metrics_logger.info("benchmark %s | %s", eval_result.name, _format_all(eval_result.metrics))
+
+    def on_run_end(self, ctx: LogContext, run_result: Any, arm: Any) -> None:
+        detail = f"{arm.steps} steps in {arm.train_seconds:.1f}s"
+        if arm.error:
+            detail = arm.error.strip().splitlines()[-1]
+        metrics_logger.info("[%d/%d] %s %s: %s", ctx.run_index + 1, ctx.num_runs, ctx.run_name, arm.status, detail)
+
+    def on_experiment_end(self, ctx: LogContext, result: Any) -> None:
+        metrics_logger.info("experiment %s %s: %s", ctx.experiment_name, result.status, result.conclusion)
+
+
+def _ensure_handler() -> None:
+    """A stdout handler on `olingo.metrics` when logging is not configured at all."""
+    if not metrics_logger.hasHandlers():
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        metrics_logger.addHandler(handler)
+        metrics_logger.setLevel(logging.INFO)
 
 
 def _format_all(metrics: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""`wandb`: a Weights & Biases run per training run; offline by default, no account needed."""
+"""`wandb_logger` (alias `wandb`): a Weights & Biases run per training run; offline by default."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from typing import Any
 from olingo.trainer.callbacks.base import Callback
 from olingo.trainer.callbacks.builtin._common import as_number
 from olingo.trainer.callbacks.registry import register_callback
-from olingo.trainer.callbacks.state import LoopArtifacts, LoopState
+from olingo.trainer.callbacks.state import LogContext, LoopArtifacts, LoopState
 
 logger = logging.getLogger("olingo.callbacks")
 
 RUN_ID_FILE = "wandb_id.txt"
+PREDICTION_ROWS = 100  # rows of a benchmark's predictions logged as a W&B table
 
 
 def resolve_wandb_mode(mode: str | None) -> str | None:
@@ -57,7 +58,7 @@ def stable_run_id(run_dir: Path | None, resuming: bool) -> str:
     return run_id
 
 
-@register_callback("wandb")
+@register_callback("wandb_logger", "wandb")
 class WandbLogger(Callback):
     """Log train and eval metrics to W&B with `step=` the optimizer step.
 
@@ -70,6 +71,13 @@ class WandbLogger(Callback):
     `resume="allow"` (online, W&B ignores re-logged steps it already has). `finish()` runs at
     train end with exit_code=1 after a crash. Only the master process logs. Rollout samples that
 `rollout_samples` leaves in `state.extra["samples_table"]` are logged as a W&B table.
+
+    In an experiment (when it gets `on_run_start`) there is one W&B run per experiment run,
+    opened at run start and finished at run end: named after the run, grouped by the arm
+    (`ctx.group_name`, else the run's own name; `group` overrides), tagged with the experiment
+    name, with the stage config as its config and files under `<experiment_dir>/wandb/<run>/`.
+    Benchmark results are logged with their predictions as a table; the run's final status
+    and benchmark metrics go to its summary, and a failed run finishes with exit_code=1.
     """
 
     def __init__(
@@ -86,27 +94,41 @@ class WandbLogger(Callback):
         self.mode = mode
         self.tags = list(tags) if tags is not None else None
         self.run: Any = None
+        self._run_scoped = False  # the experiment opened the run for the current run
+        self._last_step = 0
 
     def on_train_start(self, state: LoopState) -> None:
+        if self._run_scoped:
+            return
         self._finish(exit_code=0)
         if not state.is_master:
             return
-        import wandb
-
         run_dir = Path(state.output_dir) if state.output_dir is not None else None
         resuming = state.step > 0
-        run_id = stable_run_id(run_dir, resuming)
+        self._init(
+            name=self.name, group=self.group, tags=self.tags, run_dir=run_dir, config=state.config,
+            run_id=stable_run_id(run_dir, resuming), resume="allow" if resuming else None,
+        )
+
+    def on_run_start(self, ctx: LogContext) -> None:
+        self._finish(exit_code=0)
+        self._run_scoped, self._last_step = True, 0
+        run_dir = Path(ctx.output_dir or ".") / "wandb" / str(ctx.run_name)
+        self._init(
+            name=ctx.run_name, group=self.group or ctx.group_name or ctx.run_name,
+            tags=[*(self.tags or []), ctx.experiment_name], run_dir=run_dir, config=ctx.run_config,
+            run_id=stable_run_id(run_dir, False), resume=None,
+        )
+
+    def _init(self, *, name: str | None, group: str | None, tags: list[str] | None, run_dir: Path | None,
+              config: dict[str, Any] | None, run_id: str, resume: str | None) -> None:
+        import wandb
+
         settings = {} if "WANDB_SILENT" in os.environ else {"silent": True}
         self.run = wandb.init(
-            project=self.project,
-            name=self.name,
-            group=self.group,
-            tags=self.tags,
-            mode=resolve_wandb_mode(self.mode),
-            dir=str(run_dir) if run_dir is not None else None,
-            config=dict(state.config) if state.config else None,
-            id=run_id,
-            resume="allow" if resuming else None,
+            project=self.project, name=name, group=group, tags=tags, mode=resolve_wandb_mode(self.mode),
+            dir=str(run_dir) if run_dir is not None else None, config=dict(config) if config else None,
+            id=run_id, resume=resume,
             # Our own run object, so another W&B run in this process is left alone.
             reinit="create_new",
             settings=wandb.Settings(**settings),
@@ -128,9 +150,34 @@ class WandbLogger(Callback):
         self._log(step_idx, metrics)
 
     def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
-        self._finish(exit_code=1 if artifacts.error is not None else 0)
+        if not self._run_scoped:
+            self._finish(exit_code=1 if artifacts.error is not None else 0)
+
+    def on_benchmark_eval(
+        self, ctx: LogContext, eval_result: Any, predictions: list[dict], *, step: int | None = None
+    ) -> None:
+        if self.run is None:
+            return
+        import wandb
+
+        metrics = {f"{eval_result.name}/{k}": v for k, v in eval_result.metrics.items()}
+        if step is None:  # after training: at the last step, and in the summary
+            self._log(self._last_step, metrics)
+            self.run.summary.update(metrics)
+        rows = predictions[:PREDICTION_ROWS]
+        if rows:
+            columns = list(rows[0])
+            table = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
+            self.run.log({f"{eval_result.name}/predictions": table}, step=self._last_step if step is None else int(step))
+
+    def on_run_end(self, ctx: LogContext, run_result: Any, arm: Any) -> None:
+        if self.run is not None:
+            self.run.summary.update({"status": arm.status, "steps": arm.steps})
+        self._finish(exit_code=0 if arm.status == "completed" else 1)
+        self._run_scoped = False
 
     def _log(self, step: int, metrics: dict[str, Any]) -> None:
+        self._last_step = max(self._last_step, int(step))
         if self.run is None:
             return
         numbers = {name: n for name, value in metrics.items() if (n := as_number(value)) is not None}

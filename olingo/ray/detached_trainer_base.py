@@ -1,0 +1,423 @@
+"""`DetachedTrainer`: a trainer Ray actor fed by remote experience-maker actors (seed 001).
+
+`fit(total_steps, update_steps, train_epochs)`, as the hooks see it (docs/callbacks.md):
+
+    on_train_start(state); on_fit_start()
+    resolve the makers by name; push the trainer's weights to them      on_update_start/end
+    start every maker's working loop (they push into this actor's buffer)
+    for episode in range(total_steps // update_steps):
+        on_episode_start(episode)
+        epoch 0: pop `update_steps` batches from the buffer and train on each as it arrives;
+        epochs 1..train_epochs-1: the same batches again, shuffled       on_learn_epoch_start/end,
+                                        per batch on_learn_batch_start/end, on_step_end(state, step, ...)
+        push the new weights to every maker                             on_update_start/end
+        on_episode_end(episode)                                         in a finally
+        checkpoint when a multiple of save_interval steps was crossed   on_checkpoint
+    final checkpoint
+    stop the makers, wait for their loops, count what was left unused   (always, in a finally)
+    on_fit_end(); on_train_end(state, artifacts)                        in finallys
+
+What coati's version lacked and this one does: the makers are started and stopped by `fit` (no
+step counts to balance by hand); every remote call waits with a timeout; a maker that raises
+fails `fit` with the maker's traceback; a maker that dies (and is restarted by Ray) gets the
+current weights and its loop back; experience carries the policy version that made it and
+batches more than `max_staleness` weight syncs old are dropped and counted.
+
+`state.step` counts `training_step` calls (for PPO: optimizer steps); `policy_version` is the
+step at which the makers' current weights were pushed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+from olingo.experience_maker import BufferItem, Experience
+from olingo.experience_maker.experience import experience_info
+from olingo.ray.detached_replay_buffer import DetachedReplayBuffer
+from olingo.ray.worker import setup_worker_logging
+from olingo.trainer._support import default_callbacks
+from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
+from olingo.trainer.checkpoint import CheckpointManager
+
+logger = logging.getLogger("olingo.ray")
+
+
+class MakerError(RuntimeError):
+    """An experience maker failed; the message carries the maker's own traceback."""
+
+
+class DetachedTrainer(ABC):
+    """Base of Ray trainer actors; subclass, implement the two abstract methods, wrap with
+    `@ray.remote(concurrency_groups={"buffer_length": 1, "buffer_append": 1, "buffer_sample": 1,
+    "compute": 1})` and create it with `.options(name=...).remote(...)`.
+
+    Args (seed 001's first six, then keyword-only extras):
+        experience_maker_holder_name_list: names of the `ExperienceMakerHolder` actors.
+        train_batch_size: rollouts per training batch.
+        buffer_limit: batches the buffer holds before makers must wait (0: no limit).
+        dataloader_pin_memory: pin batches in page-locked memory before moving them to the GPU.
+        callbacks: `Callback`s; the trainer fires the fit/episode/epoch/batch/update and loop hooks.
+        debug: log every buffer and sync operation.
+        max_staleness: drop batches made more than this many weight syncs ago (None: keep all).
+        call_timeout_s: limit of every remote call (weight sync, stop, length queries).
+        experience_timeout_s: longest wait for the next batch before `fit` fails.
+        max_maker_restarts: maker deaths survived in one `fit` (Ray restarts the actor).
+        pad_token_id: padding id used when batching rollouts.
+        log_dir, use_wandb, show_progress: default loggers (metrics.jsonl, TensorBoard, W&B, bar).
+        save_dir, save_interval: checkpoints under `save_dir/checkpoints` every N steps and at the end.
+    """
+
+    def __init__(
+        self,
+        experience_maker_holder_name_list: list[str],
+        train_batch_size: int = 8,
+        buffer_limit: int = 0,
+        dataloader_pin_memory: bool = True,
+        callbacks: Sequence[Callback] = (),
+        debug: bool = False,
+        *,
+        max_staleness: int | None = None,
+        call_timeout_s: float = 300.0,
+        experience_timeout_s: float = 600.0,
+        max_maker_restarts: int = 3,
+        pad_token_id: int = 0,
+        log_dir: str | None = None,
+        use_wandb: bool = False,
+        show_progress: bool = False,
+        save_dir: str | None = None,
+        save_interval: int = 0,
+    ) -> None:
+        setup_worker_logging()
+        if not experience_maker_holder_name_list:
+            raise ValueError("experience_maker_holder_name_list is empty: name at least one ExperienceMakerHolder actor")
+        self.target_holder_name_list = list(experience_maker_holder_name_list)
+        self.target_holder_list: list[Any] = []
+        self.detached_replay_buffer = DetachedReplayBuffer(train_batch_size, buffer_limit, pad_token_id)
+        self.dataloader_pin_memory = dataloader_pin_memory
+        self.callbacks: list[Callback] = list(callbacks)
+        self._debug = debug
+        self.max_staleness = max_staleness
+        self.call_timeout_s, self.experience_timeout_s = call_timeout_s, experience_timeout_s
+        self.max_maker_restarts = max_maker_restarts
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.use_wandb, self.show_progress = use_wandb, show_progress
+        self.save_dir = Path(save_dir) if save_dir else None
+        self.save_interval = save_interval
+        self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        self.state = LoopState()
+        self.start_episode = 0
+        self.policy_version = 0
+        self.sync_steps: list[int] = []  # the step of every full weight sync, oldest first
+        self.run_config: dict[str, Any] | None = None
+        self.summary: dict[str, Any] = {}
+        self._loops: dict[str, Any] = {}  # maker name -> ObjectRef of its running working loop
+        self._restarts = 0
+        self._sync_metrics: dict[str, float] = {}
+        self._last_wait_s = 0.0
+        self._saved_rows: list[ManifestRow] = []
+        self._last_saved_step = 0
+        self._defaults_installed = False
+
+    # ---- what a concrete trainer supplies ------------------------------------------------
+    @abstractmethod
+    def training_step(self, experience: Experience) -> dict[str, Any]:
+        """Train on one batch; returns its metrics (numbers)."""
+
+    @abstractmethod
+    def _update_remote_makers(self, fully_update: bool = False, **kwargs: Any) -> None:
+        """Push the current weights to the makers and wait until they loaded them.
+
+        kwargs: `policy_version` (int) to hand to the makers with the weights, and optionally
+        `makers` (a list of maker handles; default: all of `self.target_holder_list`).
+        """
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not write checkpoints; implement _write_checkpoint or leave save_dir unset")
+
+    # ---- public API (seed 001) --------------------------------------------------------------
+    @ray.method(concurrency_group="compute")
+    def fit(self, total_steps: int, update_steps: int, train_epochs: int = 1) -> dict[str, Any]:
+        """Train `total_steps // update_steps` episodes; see the module docstring. Returns the
+        run summary: steps, episodes, the makers' counts and what was left unused."""
+        if update_steps < 1 or total_steps < update_steps or train_epochs < 1:
+            raise ValueError(f"need total_steps >= update_steps >= 1 and train_epochs >= 1, got {total_steps}, {update_steps}, {train_epochs}")
+        num_episodes = total_steps // update_steps
+        state = self.state
+        state.num_steps = num_episodes * update_steps * train_epochs
+        self._install_default_callbacks()
+        t0, error = time.time(), None
+        dispatch(self.callbacks, "on_train_start", state)
+        try:
+            dispatch(self.callbacks, "on_fit_start")
+            try:
+                self._connect_makers()
+                self._sync(fully_update=True)
+                for name, maker in zip(self.target_holder_name_list, self.target_holder_list, strict=True):
+                    self._loops[name] = maker.workingloop.remote()
+                for episode in range(self.start_episode, num_episodes):
+                    state.epoch = episode
+                    self._run_episode(episode, update_steps, train_epochs)
+                    self.start_episode = episode + 1
+                    if self.save_interval and state.step // self.save_interval > self._last_saved_step // self.save_interval:
+                        self._save_checkpoint(f"step_{state.step}")
+                    if state.stop_requested:
+                        break
+                self._save_checkpoint("final")
+            finally:
+                self._stop_makers()
+                dispatch(self.callbacks, "on_fit_end")
+        except BaseException as err:
+            error = err
+            raise
+        finally:
+            dispatch(self.callbacks, "on_train_end", state, self._artifacts(t0, error))
+        return self.summary
+
+    def sync_models_to_remote_makers(self, **kwargs: Any) -> None:
+        """Push the full current weights to every maker (or to `makers=[...]`) now."""
+        self._sync(fully_update=True, **kwargs)
+
+    @ray.method(concurrency_group="buffer_length")
+    def buffer_get_length(self) -> int:
+        """Whole training batches waiting in the buffer (makers use it to pick a trainer)."""
+        return self.detached_replay_buffer.get_length()
+
+    @ray.method(concurrency_group="buffer_append")
+    def buffer_append(self, experience: Experience) -> str:
+        """A maker pushes a batch: "accepted", "full" (retry later) or "closed" (training ended)."""
+        status = self.detached_replay_buffer.append(experience)
+        if self._debug:
+            logger.info("[trainer] buffer_append of %d rollouts: %s", experience.batch_size, status)
+        return status
+
+    @ray.method(concurrency_group="buffer_append")
+    def buffer_extend(self, items: list[BufferItem]) -> str:
+        """A maker pushes unpadded rollouts; same answers as `buffer_append`."""
+        return self.detached_replay_buffer.extend(items)
+
+    @ray.method(concurrency_group="buffer_sample")
+    def _buffer_sample(self) -> Experience:
+        """The next training batch, waiting for the makers as long as `experience_timeout_s`."""
+        return self._next_experience()
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def _run_episode(self, episode: int, update_steps: int, train_epochs: int) -> None:
+        dispatch(self.callbacks, "on_episode_start", episode)
+        try:
+            data: list[Experience] = []  # epoch 0 pulls from the buffer, later epochs reuse it
+            for epoch in range(train_epochs):
+                dispatch(self.callbacks, "on_learn_epoch_start", epoch)
+                order = range(update_steps) if epoch == 0 else random.sample(range(len(data)), len(data))
+                for index in order:
+                    if epoch == 0:
+                        data.append(self._next_experience())
+                    self._train_batch(data[index])
+                    if self.state.stop_requested:
+                        break
+                dispatch(self.callbacks, "on_learn_epoch_end", epoch)
+                if self.state.stop_requested:
+                    break
+            self._sync()
+        finally:
+            dispatch(self.callbacks, "on_episode_end", episode)
+
+    def _train_batch(self, experience: Experience) -> None:
+        dispatch(self.callbacks, "on_learn_batch_start")
+        start = time.perf_counter()
+        if self.dataloader_pin_memory and self.device.type == "cuda":
+            experience = experience.pin_memory()
+        metrics = {k: float(v) for k, v in self.training_step(experience.to_device(self.device)).items()}
+        metrics["time/learn"] = time.perf_counter() - start
+        dispatch(self.callbacks, "on_learn_batch_end", experience)
+        self.state.step += 1
+        metrics.update(self._ray_metrics(experience))
+        dispatch(self.callbacks, "on_step_end", self.state, self.state.step, experience, metrics)
+
+    def _ray_metrics(self, experience: Experience) -> dict[str, float]:
+        counts = self.detached_replay_buffer.counts
+        metrics = {f"rollout/{k}": v for k, v in experience_info(experience).items()}
+        metrics.update({
+            "ray/staleness": float(sum(s > experience.policy_version for s in self.sync_steps)),
+            "ray/buffer_batches": float(self.detached_replay_buffer.get_length()),
+            "ray/dropped_stale": float(counts.dropped_stale),
+            "ray/wait_s": self._last_wait_s,
+            "ray/maker_restarts": float(self._restarts),
+        })
+        metrics.update(self._sync_metrics)
+        return metrics
+
+    def _min_version(self) -> int | None:
+        """Oldest policy version still fresh enough: the sync `max_staleness` syncs ago."""
+        if self.max_staleness is None or len(self.sync_steps) <= self.max_staleness:
+            return None
+        return self.sync_steps[-1 - self.max_staleness]
+
+    def _next_experience(self) -> Experience:
+        """The next fresh batch; meanwhile watch the makers (errors, deaths) and the deadline."""
+        start = time.monotonic()
+        while True:
+            batch = self.detached_replay_buffer.sample(timeout=0.2, min_version=self._min_version())
+            if batch is not None:
+                self._last_wait_s = time.monotonic() - start
+                return batch
+            self._check_makers()
+            if time.monotonic() - start > self.experience_timeout_s:
+                raise TimeoutError(
+                    f"no experience arrived for {self.experience_timeout_s:.0f}s from makers {self.target_holder_name_list} "
+                    f"(buffer counts: {vars(self.detached_replay_buffer.counts)}); raise experience_timeout_s if generation is this slow"
+                )
+
+    # ---- makers: connect, sync, watch, restart, stop ---------------------------------------------
+    def _connect_makers(self) -> None:
+        handles = []
+        for name in self.target_holder_name_list:
+            try:
+                handles.append(ray.get_actor(name))
+            except ValueError:
+                raise ValueError(f"no experience maker actor named '{name}': create the ExperienceMakerHolder actors (with .options(name=...)) before calling fit") from None
+        self.target_holder_list = handles
+        self._get([h.ready.remote() for h in handles], "waiting for the makers to start")
+
+    def _sync(self, fully_update: bool = False, **kwargs: Any) -> None:
+        """Weights to the makers, between the update hooks; a sync to all makers is a new version.
+
+        A maker that dies during the sync is restarted (by Ray) and synced on its own, so every
+        live maker holds the new weights when this returns.
+        """
+        to_all = "makers" not in kwargs
+        version = self.state.step if to_all else self.policy_version
+        dispatch(self.callbacks, "on_update_start")
+        try:
+            self._update_remote_makers(fully_update=fully_update, policy_version=version, **kwargs)
+        except RayActorError:
+            for maker in kwargs.get("makers") or self.target_holder_list:
+                try:
+                    self._update_remote_makers(fully_update=True, policy_version=version, makers=[maker])
+                except RayActorError:
+                    self._restart_maker(self.target_holder_name_list[self.target_holder_list.index(maker)], version)
+        dispatch(self.callbacks, "on_update_end")
+        if to_all:
+            self.policy_version = version
+            if not self.sync_steps or self.sync_steps[-1] != version:
+                self.sync_steps.append(version)
+        if self._debug:
+            logger.info("[trainer] weights of step %d pushed to %s", version, "all makers" if to_all else len(kwargs["makers"]))
+
+    def _check_makers(self) -> None:
+        """React to working loops that ended: errors fail `fit`, deaths restart the maker."""
+        refs = list(self._loops.values())
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
+        for name, ref in list(self._loops.items()):
+            if ref not in done:
+                continue
+            try:
+                summary = ray.get(ref, timeout=self.call_timeout_s)
+            except RayActorError:
+                self._restart_maker(name)
+                continue
+            except RayTaskError as err:
+                raise MakerError(f"experience maker '{name}' failed; its traceback follows.\n{err}") from None
+            self.summary.setdefault("makers", {})[name] = summary  # finished its own step budget
+            del self._loops[name]
+        if not self._loops and self.detached_replay_buffer.get_length() == 0:
+            raise RuntimeError(f"every experience maker has stopped before training ended: {self.summary.get('makers')}")
+
+    def _restart_maker(self, name: str, version: int | None = None) -> None:
+        """A dead maker: wait for Ray to restart it, give it the weights of `version` (default:
+        the current policy) and, while training runs, its working loop back."""
+        self._restarts += 1
+        if self._restarts > self.max_maker_restarts:
+            raise RuntimeError(f"experience makers died {self._restarts} times (max_maker_restarts={self.max_maker_restarts}); last: '{name}'")
+        logger.warning("experience maker '%s' died; waiting for Ray to restart it (%d/%d)", name, self._restarts, self.max_maker_restarts)
+        maker = self.target_holder_list[self.target_holder_name_list.index(name)]
+        deadline = time.monotonic() + self.call_timeout_s
+        while True:  # calls fail with ActorUnavailableError until Ray has brought the actor back
+            try:
+                self._get([maker.ready.remote()], f"restarting maker '{name}'")
+                self._update_remote_makers(fully_update=True, policy_version=self.policy_version if version is None else version, makers=[maker])
+                break
+            except ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"experience maker '{name}' was not back within call_timeout_s={self.call_timeout_s:.0f}s") from None
+                time.sleep(0.5)
+            except RayActorError:
+                raise RuntimeError(f"experience maker '{name}' died and was not restarted; create makers with .options(max_restarts=N)") from None
+        if name in self._loops:
+            self._loops[name] = maker.workingloop.remote()
+
+    def _stop_makers(self) -> None:
+        """Close the buffer, tell every maker to stop, wait for the loops and count leftovers."""
+        leftover = self.detached_replay_buffer.close()
+        makers = self.summary.setdefault("makers", {})
+        stops = [maker.stop.remote() for maker in self.target_holder_list]
+        try:
+            self._get(stops, "telling the makers to stop")
+        except Exception:  # noqa: BLE001 - a dead maker cannot be told; its loop is accounted below
+            logger.warning("could not reach every maker to stop it", exc_info=True)
+        for name, ref in self._loops.items():
+            try:
+                makers[name] = ray.get(ref, timeout=self.call_timeout_s)
+            except Exception as err:  # noqa: BLE001 - stopping must reach every maker
+                makers[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+        self._loops = {}
+        counts = self.detached_replay_buffer.counts
+        self.summary.update({
+            "steps": self.state.step,
+            "episodes": self.start_episode,
+            "policy_version": self.policy_version,
+            "maker_restarts": self._restarts,
+            "buffer": vars(counts),
+            "leftover_rollouts": leftover,
+        })
+        discarded = sum(m.get("discarded", 0) for m in makers.values())
+        logger.info(
+            "ray run ended at step %d: %d rollouts received, %d trained on, %d dropped as stale, "
+            "%d left in the buffer unused, %d made after training ended and discarded by the makers",
+            self.state.step, counts.received, counts.sampled, counts.dropped_stale, leftover, discarded,
+        )
+
+    def _get(self, refs: list[Any], what: str) -> list[Any]:
+        """`ray.get` with the call timeout; a maker's exception keeps its traceback."""
+        try:
+            return ray.get(refs, timeout=self.call_timeout_s)
+        except GetTimeoutError:
+            raise TimeoutError(f"{what}: no answer within call_timeout_s={self.call_timeout_s:.0f}s") from None
+        except RayTaskError as err:
+            raise MakerError(f"{what} failed in a maker; its traceback follows.\n{err}") from None
+
+    # ---- callbacks and checkpoints ------------------------------------------------------------
+    def _install_default_callbacks(self) -> None:
+        self.state.output_dir, self.state.config = self.log_dir, self.run_config
+        if not self._defaults_installed:
+            self._defaults_installed = True
+            self.callbacks[:0] = default_callbacks(self.log_dir, self.use_wandb, self.show_progress)
+
+    def _save_checkpoint(self, name: str) -> None:
+        self._last_saved_step = self.state.step
+        if self.save_dir is None:
+            return
+        row = CheckpointManager(self.save_dir).save(name, self.state.step, self.start_episode, 0, self._write_checkpoint)
+        self._saved_rows.append(row)
+        dispatch(self.callbacks, "on_checkpoint", self.state, row)
+
+    def _artifacts(self, t0: float, error: BaseException | None) -> LoopArtifacts:
+        return LoopArtifacts(
+            run_dir=self.log_dir,
+            manifest_path=CheckpointManager(self.save_dir).manifest_path if self.save_dir else None,
+            checkpoints=list(self._saved_rows),
+            requested_steps=self.state.num_steps,
+            completed_steps=self.state.step,
+            train_seconds=time.time() - t0,
+            stopped_early=self.state.stop_requested,
+            error=error,
+        )
