@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,12 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
 
+# Benchmarks are not part of `make test`: they take minutes and want a quiet machine.
+bench: $(VENV)/.installed-test
+	$(BIN)/python bench/ray_vs_local.py
+
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check olingo tests
+	$(BIN)/ruff check olingo tests bench
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -45,7 +45,7 @@ from olingo.experience_maker import BufferItem, Experience
 from olingo.experience_maker.experience import experience_info
 from olingo.ray.detached_replay_buffer import DetachedReplayBuffer
 from olingo.ray.worker import setup_worker_logging
-from olingo.trainer._support import default_callbacks
+from olingo.trainer._support import default_callbacks, loop_artifacts
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager
 
@@ -152,6 +152,9 @@ class DetachedTrainer(ABC):
         if update_steps < 1 or total_steps < update_steps or train_epochs < 1:
             raise ValueError(f"need total_steps >= update_steps >= 1 and train_epochs >= 1, got {total_steps}, {update_steps}, {train_epochs}")
         num_episodes = total_steps // update_steps
+        if self.detached_replay_buffer.closed:  # a second fit on this actor starts with an open buffer
+            old = self.detached_replay_buffer
+            self.detached_replay_buffer = DetachedReplayBuffer(old.sample_batch_size, old.limit, old.pad_token_id)
         state = self.state
         state.num_steps = num_episodes * update_steps * train_epochs
         self._install_default_callbacks()
@@ -185,6 +188,8 @@ class DetachedTrainer(ABC):
 
     def sync_models_to_remote_makers(self, **kwargs: Any) -> None:
         """Push the full current weights to every maker (or to `makers=[...]`) now."""
+        if not self.target_holder_list:
+            self._connect_makers()
         self._sync(fully_update=True, **kwargs)
 
     @ray.method(concurrency_group="buffer_length")
@@ -411,13 +416,4 @@ class DetachedTrainer(ABC):
         dispatch(self.callbacks, "on_checkpoint", self.state, row)
 
     def _artifacts(self, t0: float, error: BaseException | None) -> LoopArtifacts:
-        return LoopArtifacts(
-            run_dir=self.log_dir,
-            manifest_path=CheckpointManager(self.save_dir).manifest_path if self.save_dir else None,
-            checkpoints=list(self._saved_rows),
-            requested_steps=self.state.num_steps,
-            completed_steps=self.state.step,
-            train_seconds=time.time() - t0,
-            stopped_early=self.state.stop_requested,
-            error=error,
-        )
+        return loop_artifacts(self.state, self.save_dir, self._saved_rows, t0, error)

@@ -3,12 +3,14 @@ and in-loop evaluators (experiment benchmarks with `run_every > 0`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from olingo.trainer.callbacks import Callback, LoopState, dispatch
+from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
+from olingo.trainer.checkpoint import MANIFEST
 
 
 @dataclass
@@ -45,6 +47,20 @@ def run_evaluator(callbacks: Sequence[Callback], state: LoopState, evaluator: Ev
     if state.ctx is not None:
         dispatch(callbacks, "on_benchmark_eval", state.ctx, out.result, out.predictions, step=state.step)
     return out
+
+
+def loop_artifacts(state: LoopState, save_dir: Path | None, rows: Sequence[ManifestRow], t0: float, error: BaseException | None) -> LoopArtifacts:
+    """What a finished (or crashed) loop that started at `t0` hands to `on_train_end`."""
+    return LoopArtifacts(
+        run_dir=state.output_dir,
+        manifest_path=save_dir / MANIFEST if save_dir else None,
+        checkpoints=list(rows),
+        requested_steps=state.num_steps,
+        completed_steps=state.step,
+        train_seconds=time.time() - t0,
+        stopped_early=state.stop_requested,
+        error=error,
+    )
 
 
 def default_callbacks(run_dir: Path | None, use_wandb: bool, show_progress: bool) -> list[Callback]:

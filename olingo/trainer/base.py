@@ -44,6 +44,7 @@ from olingo.trainer._support import (
     callback_states,
     default_callbacks,
     due_evaluators,
+    loop_artifacts,
     restore_callback_states,
     run_evaluator,
 )
@@ -147,16 +148,7 @@ class SLTrainer(ABC):
             error = err
             raise
         finally:
-            artifacts = LoopArtifacts(
-                run_dir=run_dir,
-                manifest_path=self._checkpoints().manifest_path if self.save_dir else None,
-                checkpoints=list(self._saved_rows),
-                requested_steps=state.num_steps,
-                completed_steps=state.step,
-                train_seconds=time.time() - t0,
-                stopped_early=state.stop_requested,
-                error=error,
-            )
+            artifacts = loop_artifacts(state, self.save_dir, self._saved_rows, t0, error)
             dispatch(self.callbacks, "on_train_end", state, artifacts)
         return artifacts
 

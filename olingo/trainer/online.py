@@ -48,6 +48,7 @@ from olingo.trainer._support import (
     callback_states,
     default_callbacks,
     due_evaluators,
+    loop_artifacts,
     restore_callback_states,
     run_evaluator,
 )
@@ -218,16 +219,7 @@ class OLTrainer(ABC):
         return num_update_steps
 
     def _artifacts(self, t0: float, error: BaseException | None) -> LoopArtifacts:
-        return LoopArtifacts(
-            run_dir=self.state.output_dir,
-            manifest_path=self._checkpoints().manifest_path if self.save_dir else None,
-            checkpoints=list(self._saved_rows),
-            requested_steps=self.state.num_steps,
-            completed_steps=self.state.step,
-            train_seconds=time.time() - t0,
-            stopped_early=self.state.stop_requested,
-            error=error,
-        )
+        return loop_artifacts(self.state, self.save_dir, self._saved_rows, t0, error)
 
     # ---- checkpoints --------------------------------------------------------------------------
     def _checkpoints(self) -> CheckpointManager:
