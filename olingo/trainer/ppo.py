@@ -9,6 +9,8 @@ One episode, as the algorithm reads (Ouyang et al. 2022; Schulman et al. 2017):
          critic: clipped value loss * vf_coef, backward / accumulation
        every `accumulation_steps` minibatches: clip, step both optimizers and schedulers
     3. clear the buffer (on-policy), checkpoint/evaluate when due
+The learn-phase maths (losses, backward, optimizer steps) lives in `PPOLearner`, shared with
+Ray's `DetachedPPOTrainer`; this class adds the loop, the experience maker and the checkpoints.
 Metrics per optimizer step: train/* (losses, clipfrac, approx_kl, entropy, explained variance,
 ratio max, skip ratio, learning rates, gradient norms), rollout/* of the episode's experience,
 time/make_experience, time/learn, perf/tokens_per_s.
