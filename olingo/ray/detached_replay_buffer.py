@@ -103,17 +103,6 @@ class DetachedReplayBuffer:
                 if self.closed or not self._cond.wait(timeout):
                     return None
 
-    def drop_stale(self, min_version: int) -> int:
-        """Drop waiting rollouts (batched or not) older than `min_version`; how many were dropped."""
-        with self._cond:
-            stale = [b for b in self.batches if b.policy_version < min_version]
-            self.batches = deque(b for b in self.batches if b.policy_version >= min_version)
-            old_items = [i for i in self.batch_collector if i.policy_version < min_version]
-            self.batch_collector = [i for i in self.batch_collector if i.policy_version >= min_version]
-            dropped = sum(b.batch_size for b in stale) + len(old_items)
-            self.counts.dropped_stale += dropped
-            return dropped
-
     def get_length(self) -> int:
         """Whole batches waiting to be sampled."""
         with self._cond:

@@ -24,7 +24,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -114,7 +114,7 @@ class OptimFn:
 
     actor: OptimizerConfig
     critic: OptimizerConfig
-    total_steps: int = field(default=1)
+    total_steps: int = 1
 
     def __call__(self, actor: Any, critic: Any) -> tuple:
         actor_optim, actor_scheduler = optimizer_and_schedule(actor, self.actor, self.total_steps)
@@ -275,4 +275,3 @@ def _wait(ref: Any, poll_s: float = 5.0) -> dict[str, Any]:
         done, _ = ray.wait([ref], timeout=poll_s)
         if done:
             return ray.get(ref, timeout=poll_s)
-        time.sleep(0)
