@@ -26,7 +26,9 @@ test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
 
 # Benchmarks are not part of `make test`: they take minutes and want a quiet machine.
+# bench/suite.py builds TRL's own virtual environments under bench/.venvs on first use.
 bench: $(VENV)/.installed-test
+	$(BIN)/python bench/suite.py
 	$(BIN)/python bench/ray_vs_local.py
 
 lint: $(VENV)/.installed-test

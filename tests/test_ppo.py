@@ -132,6 +132,35 @@ def test_split_and_make_batch_round_trip(assets, tok):
     assert again.policy_version == 7
 
 
+def test_reused_rollout_log_probs_equal_the_scoring_forward(assets, tok):
+    """reuse_rollout_log_probs: the same experience as a separate actor forward, to rounding."""
+    batch = prompt_batch(tok)
+    experiences = []
+    for reuse in (False, True):
+        torch.manual_seed(5)
+        maker = make_maker(assets, tok, reuse_rollout_log_probs=reuse)
+        experiences.append(maker.make_experience(batch["input_ids"], batch["attention_mask"]))
+    plain, reused = experiences
+    assert torch.equal(plain.sequences, reused.sequences)
+    mask = plain.action_mask
+    torch.testing.assert_close(reused.action_log_probs[mask], plain.action_log_probs[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(reused.advantages, plain.advantages, atol=1e-4, rtol=1e-4)
+
+
+def test_reference_forward_is_skipped_only_when_kl_cannot_matter(assets, tok, monkeypatch):
+    """kl_coef 0 (fixed) + skip_reference_when_kl_zero: no reference forward, KL reads 0."""
+    batch = prompt_batch(tok)
+    for kl_coef, kl_target, expect_calls in ((0.0, None, 0), (0.1, None, 1), (0.0, 6.0, 1)):
+        maker = make_maker(assets, tok, skip_reference_when_kl_zero=True, kl_target=kl_target)
+        maker.kl_ctl.value = kl_coef
+        calls = []
+        maker.initial_model.register_forward_hook(lambda *args, calls=calls: calls.append(1))
+        exp = maker.make_experience(batch["input_ids"], batch["attention_mask"])
+        assert len(calls) == expect_calls, (kl_coef, kl_target)
+        if expect_calls == 0:
+            assert torch.equal(exp.kl, torch.zeros_like(exp.kl))
+
+
 def test_buffer_smaller_than_a_batch_is_an_error(assets, tok):
     torch.manual_seed(4)
     maker = make_maker(assets, tok)

@@ -318,7 +318,7 @@ def test_unknown_generation_kwargs_raise_a_type_error_naming_the_key():
         {"top_p": 0.0},
         {"top_p": 1.5},
         {"top_k": -1},
-        {"stop_token_ids": []},
+        {"stop_strings": []},
         {"stop_strings": [""]},
     ],
 )
@@ -350,3 +350,35 @@ def test_rollout_on_cuda_returns_tensors_on_the_model_device(tokenizer):
     for tensor in (r.sequences, r.attention_mask, r.action_mask, r.truncated):
         assert tensor.device.type == "cuda"
     assert r.sequences.shape == cpu.sequences.shape
+
+
+def test_no_stop_token_runs_every_response_to_max_new_tokens(model, tokenizer):
+    """stop_token_ids=[]: eos is an ordinary token, nothing is masked, nothing is truncated."""
+    torch.manual_seed(0)
+    out = rollout(model, tokenizer, PROMPTS * 8, max_new_tokens=40, stop_token_ids=[])
+    assert out.num_actions == 40
+    assert out.action_mask.all() and not out.truncated.any()
+    responses = out.sequences[:, -40:]
+    # the untrained model samples eos now and then; generation must go on past it
+    rows_with_eos = (responses == EOS).any(dim=1)
+    assert rows_with_eos.any()
+    eos_col = (responses == EOS).int().argmax(dim=1)
+    assert (eos_col[rows_with_eos] < 39).any()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_log_probs_from_generate_equal_a_scoring_forward(model, tokenizer, temperature):
+    """with_log_probs reads pi_old from generate's raw logits; a full forward gives the same."""
+    from olingo.experience_maker import action_log_probs
+
+    batch = encode(tokenizer, PROMPTS)
+    torch.manual_seed(0)
+    out = generate_rollout(model, batch.input_ids, batch.attention_mask, tokenizer,
+                           GenerationSettings(max_new_tokens=12, temperature=temperature), with_log_probs=True)
+    expected = action_log_probs(model, out.sequences, out.attention_mask, out.num_actions, temperature)
+    mask = out.action_mask
+    assert out.log_probs.shape == expected.shape
+    torch.testing.assert_close(out.log_probs[mask], expected[mask], atol=1e-5, rtol=1e-5)
+    torch.manual_seed(0)  # the same draws: asking for log-probs does not change the samples
+    plain = generate_rollout(model, batch.input_ids, batch.attention_mask, tokenizer, GenerationSettings(max_new_tokens=12, temperature=temperature))
+    assert torch.equal(plain.sequences, out.sequences) and plain.log_probs is None

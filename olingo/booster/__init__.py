@@ -12,9 +12,15 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from olingo.booster.plugin import OptimizerWrapper, Plugin, SingleProcessPlugin, TorchDDPPlugin
+from olingo.booster.plugin import (
+    OptimizerWrapper,
+    Plugin,
+    SingleProcessPlugin,
+    TorchDDPPlugin,
+    TorchFSDPPlugin,
+)
 
-__all__ = ["Booster", "OptimizerWrapper", "Plugin", "SingleProcessPlugin", "TorchDDPPlugin"]
+__all__ = ["Booster", "OptimizerWrapper", "Plugin", "SingleProcessPlugin", "TorchDDPPlugin", "TorchFSDPPlugin"]
 
 
 class Booster:
@@ -54,20 +60,26 @@ class Booster:
     def unwrap(self, model: nn.Module) -> nn.Module:
         return self.plugin.unwrap(model)
 
+    def gathered(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        """Whole parameters on every rank for forward-only work (see `Plugin.gathered`)."""
+        return self.plugin.gathered(model)
+
     # ---- checkpoint I/O: ColossalAI's method names -----------------------------------------
-    def save_model(self, model: nn.Module, checkpoint: str | Path, **_: Any) -> None:
-        """Write a Hugging Face model directory (rank 0 only)."""
-        self.plugin.save_model(model, checkpoint)
+    def save_model(self, model: nn.Module, checkpoint: str | Path, shard: bool = False, **_: Any) -> None:
+        """A Hugging Face model directory written by rank 0 (a sharded model is gathered first;
+        every rank must call); `shard=True`: the plugin's resumable shards (DCP), one file per rank."""
+        self.plugin.save_model(model, checkpoint, shard=shard)
 
     def load_model(self, model: nn.Module, checkpoint: str | Path, **_: Any) -> None:
-        """Load a directory written by `save_model` into `model`, strictly."""
+        """Load a directory written by `save_model` (either form, any world size) into `model`, strictly."""
         self.plugin.load_model(model, checkpoint)
 
-    def save_optimizer(self, optimizer: OptimizerWrapper | torch.optim.Optimizer, checkpoint: str | Path, **_: Any) -> None:
-        self.plugin.save_state(optimizer.state_dict(), checkpoint)
+    def save_optimizer(self, optimizer: OptimizerWrapper, checkpoint: str | Path, shard: bool = False, **_: Any) -> None:
+        """One file written by rank 0; `shard=True`: DCP shards keyed by parameter name."""
+        self.plugin.save_optimizer(optimizer, checkpoint, shard=shard)
 
-    def load_optimizer(self, optimizer: OptimizerWrapper | torch.optim.Optimizer, checkpoint: str | Path, **_: Any) -> None:
-        optimizer.load_state_dict(self.plugin.load_state(checkpoint))
+    def load_optimizer(self, optimizer: OptimizerWrapper, checkpoint: str | Path, **_: Any) -> None:
+        self.plugin.load_optimizer(optimizer, checkpoint)
 
     def save_lr_scheduler(self, lr_scheduler: Any, checkpoint: str | Path) -> None:
         self.plugin.save_state(lr_scheduler.state_dict(), checkpoint)

@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--output-dir", default="runs", help="parent of the run directories (default: runs)")
     demo.set_defaults(handler=_cmd_demo)
     _experiment_parser(sub)
+    _plan_parser(sub)
     report = sub.add_parser(
         "report",
         help="plot a run's or an experiment's metrics as PNGs and print a summary",
@@ -97,6 +98,35 @@ def _experiment_parser(sub: argparse._SubParsersAction) -> None:
     run.add_argument("path", type=Path, metavar="EXP.yaml", help="experiment config file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     run.set_defaults(handler=_cmd_experiment_run)
+
+
+def _plan_parser(sub: argparse._SubParsersAction) -> None:
+    plan = sub.add_parser(
+        "plan", help="estimate memory per device for a stage config and warn when it will not fit",
+        description="Reads a stage config (sft, rm or ppo; the stage is the one whose strict config accepts the file, "
+        "or --stage) and prints per device: weights, gradients, AdamW state, activations and, for PPO, the KV cache "
+        "of generation, then the peak against the device's memory (CUDA, else system RAM). Model sizes come from "
+        "the models' config.json; no weights are loaded. Formulas and measured comparisons: docs/plan.md. "
+        "Exit status 0 (a warning on stderr when it does not fit), 1 with --strict when it does not fit, 2 on a bad config.",
+        epilog="Example: olingo plan --config my_sft.yaml train.batch_size=16 --world-size 8",
+    )
+    plan.add_argument("--config", type=Path, default=None, help="stage config file (default with --stage: the packaged <stage>_tiny.yaml)")
+    plan.add_argument("--stage", choices=["sft", "rm", "ppo"], default=None, help="the config's stage (default: detected)")
+    plan.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")), help="processes the run will use (fsdp shards over them; default: $WORLD_SIZE or 1)")
+    plan.add_argument("--strict", action="store_true", help="exit 1 when the estimate exceeds the device memory")
+    plan.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
+    plan.set_defaults(handler=_cmd_plan)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from olingo.plan import human, run_plan
+
+    plan, table, fits = run_plan(str(args.config) if args.config else None, args.overrides, stage=args.stage, world_size=args.world_size)
+    print(table)
+    if fits:
+        return 0
+    print(f"olingo plan: WARNING: the estimated peak {human(plan.total)} per device exceeds the device memory", file=sys.stderr)
+    return 1 if args.strict else 0
 
 
 def _cmd_experiment_run(args: argparse.Namespace) -> int:

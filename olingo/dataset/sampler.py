@@ -73,8 +73,9 @@ class ResumableSampler(Sampler[int]):
 class CyclicLoader:
     """Endless batches from a DataLoader built on a `ResumableSampler`, epoch after epoch.
 
-    The position (epoch, batches of that epoch already drawn) is what a checkpoint stores;
-    `load_state_dict` restarts exactly there. Used for PPO's prompt and pretrain loaders,
+    The position (epoch, global samples of that epoch already drawn by all ranks) is what a
+    checkpoint stores; `load_state_dict` restarts exactly there, also under another world size
+    or batch size (at the same global sample). Used for PPO's prompt and pretrain loaders,
     which are read a batch at a time across episodes rather than epoch by epoch.
     """
 
@@ -85,24 +86,24 @@ class CyclicLoader:
             raise ValueError(f"the dataloader yields no batch: {loader.sampler.num_samples} rows are fewer than one batch of {loader.batch_size} per process")
         self.loader = loader
         self.epoch = 0
-        self.consumed = 0  # batches of `epoch` already drawn (per rank)
+        self.samples = 0  # global samples of `epoch` already drawn (every rank's batches)
         self._iterator: Iterator | None = None
 
     def next(self):  # noqa: ANN201 - whatever the loader's collate_fn returns
+        sampler: ResumableSampler = self.loader.sampler  # type: ignore[assignment]
         if self._iterator is None:
-            sampler: ResumableSampler = self.loader.sampler  # type: ignore[assignment]
-            sampler.set_epoch(self.epoch, start=self.consumed * self.loader.batch_size * sampler.num_replicas)
+            sampler.set_epoch(self.epoch, start=self.samples)
             self._iterator = iter(self.loader)
         try:
             batch = next(self._iterator)
         except StopIteration:
-            self.epoch, self.consumed, self._iterator = self.epoch + 1, 0, None
+            self.epoch, self.samples, self._iterator = self.epoch + 1, 0, None
             return self.next()
-        self.consumed += 1
+        self.samples += self.loader.batch_size * sampler.num_replicas
         return batch
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "consumed": self.consumed}
+        return {"epoch": self.epoch, "samples": self.samples}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.consumed, self._iterator = state["epoch"], state["consumed"], None
+        self.epoch, self.samples, self._iterator = state["epoch"], state["samples"], None

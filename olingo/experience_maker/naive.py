@@ -8,8 +8,8 @@ One call to `make_experience`, as the algorithm reads (InstructGPT / Ziegler et 
        or reward functions on decoded text; optional running normalisation, truncation
        penalty, clipping to [-reward_clip, reward_clip]
     5. per-token rewards: -kl_coef * KL_t, plus the score at the last response token
-    6. GAE advantages and returns; optional advantage whitening
-    7. update the KL controller (adaptive: towards `kl_target`)
+    6. GAE advantages and returns; optional advantage whitening (per rank, or global)
+    7. update the KL controller (adaptive: towards `kl_target`) with the KL of every rank
 All maths is in `olingo.models.functional`; this module only wires models to it.
 """
 
@@ -26,6 +26,7 @@ from olingo.experience_maker.experience import Experience, experience_info
 from olingo.experience_maker.kl_controller import AdaptiveKLController, FixedKLController
 from olingo.experience_maker.rollout import GenerationSettings, Rollout, generate_rollout
 from olingo.models.functional import (
+    AllReduceSum,
     KLEstimator,
     RunningMoments,
     compute_gae,
@@ -97,11 +98,21 @@ class NaiveExperienceMaker:
             (Ziegler et al. 2019); otherwise it stays fixed.
         gamma, lam: GAE discount and trace decay.
         whiten_advantages: normalise advantages to zero mean, unit variance per batch.
+        global_whitening: whiten with the mean and variance of every data-parallel rank's
+            batch together (as one process on the whole batch), instead of per rank.
         normalize_reward: divide scores by a running std after subtracting a running mean.
         reward_clip: clip scores to [-reward_clip, reward_clip] (None: no clipping).
         reward_placement: add the score at the "last" response token or to "every" one.
         truncation_penalty: subtracted from the score of responses cut off without a stop.
         generation: sampling settings; `make_experience(**overrides)` can change them per call.
+        reuse_rollout_log_probs: take log pi_old from the logits `generate` computed instead of
+            a second actor forward (exact up to kernel rounding; memory B x A x V while
+            generating, see `generate_rollout`).
+        skip_reference_when_kl_zero: with a fixed KL coefficient of 0 the reference model
+            cannot change any reward, so its forward is skipped (the logged KL then reads 0).
+        all_reduce_sum: sums a tensor over data-parallel ranks (None: one process). It keeps
+            what must agree across ranks global: the adaptive KL coefficient, the running
+            reward statistics and, with `global_whitening`, the advantage statistics.
     """
 
     def __init__(
@@ -124,6 +135,10 @@ class NaiveExperienceMaker:
         reward_placement: Literal["last", "every"] = "last",
         truncation_penalty: float = 0.0,
         generation: GenerationSettings | None = None,
+        global_whitening: bool = False,
+        all_reduce_sum: AllReduceSum | None = None,
+        reuse_rollout_log_probs: bool = False,
+        skip_reference_when_kl_zero: bool = False,
     ) -> None:
         self.actor, self.critic, self.reward_model, self.initial_model = actor, critic, reward_model, initial_model
         self.tokenizer = tokenizer
@@ -131,6 +146,10 @@ class NaiveExperienceMaker:
         self.kl_ctl = AdaptiveKLController(kl_coef, kl_target, kl_horizon) if kl_target is not None else FixedKLController(kl_coef)
         self.gamma, self.lam = gamma, lam
         self.whiten_advantages = whiten_advantages
+        self.global_whitening = global_whitening
+        self.all_reduce_sum = all_reduce_sum
+        self.reuse_rollout_log_probs = reuse_rollout_log_probs
+        self.skip_reference_when_kl_zero = skip_reference_when_kl_zero
         self.reward_moments = RunningMoments() if normalize_reward else None
         self.reward_clip = reward_clip
         self.reward_placement = reward_placement
@@ -147,11 +166,14 @@ class NaiveExperienceMaker:
         """Steps 1, 2 and 4 (before normalisation): generate, log-probs, raw reward."""
         settings = generation or self.generation
         device = next(self.actor.parameters()).device
-        rollout = generate_rollout(self.actor, input_ids.to(device), attention_mask.to(device), self.tokenizer, settings)
+        rollout = generate_rollout(self.actor, input_ids.to(device), attention_mask.to(device), self.tokenizer, settings, with_log_probs=self.reuse_rollout_log_probs)
         seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
         temperature = settings.temperature if settings.do_sample else 1.0
-        log_probs = action_log_probs(self.actor, seq, mask, num_actions, temperature)
-        ref_log_probs = action_log_probs(self.initial_model, *_on(self.initial_model, seq, mask), num_actions, temperature).to(device)
+        log_probs = rollout.log_probs if rollout.log_probs is not None else action_log_probs(self.actor, seq, mask, num_actions, temperature)
+        if self.skip_reference_when_kl_zero and isinstance(self.kl_ctl, FixedKLController) and self.kl_ctl.value == 0:
+            ref_log_probs = log_probs  # KL is exactly 0 and -0 * KL adds nothing to any reward
+        else:
+            ref_log_probs = action_log_probs(self.initial_model, *_on(self.initial_model, seq, mask), num_actions, temperature).to(device)
         prompts = self.tokenizer.batch_decode(input_ids, skip_special_tokens=True)
         responses = [
             self.tokenizer.decode(seq[i, -num_actions:][rollout.action_mask[i]], skip_special_tokens=True)
@@ -177,7 +199,7 @@ class NaiveExperienceMaker:
         rewards = per_token_rewards(score, kl, action_mask, self.kl_ctl.value, self.reward_placement)
         advantages, returns = compute_gae(rewards, values, action_mask, self.gamma, self.lam)
         if self.whiten_advantages:
-            advantages = masked_whiten(advantages, action_mask)
+            advantages = masked_whiten(advantages, action_mask, all_reduce_sum=self.all_reduce_sum if self.global_whitening else None)
         experience = Experience(
             sequences=seq, attention_mask=mask, action_mask=action_mask,
             action_log_probs=scored.log_probs, base_action_log_probs=scored.ref_log_probs,
@@ -187,14 +209,22 @@ class NaiveExperienceMaker:
         )
         experience.info = {**experience_info(experience), "kl_coef": self.kl_ctl.value}
         self.last_samples = scored.samples()
-        self.kl_ctl.update(experience.info["kl"], n_steps=experience.batch_size)
+        self.kl_ctl.update(*self._global_kl(experience.info["kl"], experience.batch_size))
         return experience
+
+    def _global_kl(self, kl: float, rows: int) -> tuple[float, int]:
+        """The mean per-sequence KL over every rank's rows and their number: each rank then
+        moves its KL coefficient the same way, as one process on the whole batch would."""
+        if self.all_reduce_sum is None:
+            return kl, rows
+        totals = self.all_reduce_sum(torch.tensor([kl * rows, float(rows)], dtype=torch.float64, device=next(self.actor.parameters()).device))
+        return float(totals[0] / totals[1]), int(totals[1])
 
     def shape_score(self, raw_score: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
         """Step 4: running normalisation, truncation penalty, clipping. (B,) -> (B,)."""
         score = raw_score.float()
         if self.reward_moments is not None:
-            self.reward_moments.update(score)
+            self.reward_moments.update(score, self.all_reduce_sum)
             score = (score - self.reward_moments.mean) / self.reward_moments.std
         score = score - self.truncation_penalty * truncated.float()
         if self.reward_clip is not None:

@@ -50,7 +50,8 @@ class GenerationSettings:
     top_p: float = 1.0
     """Nucleus sampling mass in (0, 1]; 1.0 = off."""
     stop_token_ids: list[int] | None = None
-    """Token ids that end a response (included in it); None -> [tokenizer.eos_token_id]."""
+    """Token ids that end a response (included in it); None -> [tokenizer.eos_token_id];
+    [] -> no stop token: every response runs to max_new_tokens (unless a stop string ends it)."""
     stop_strings: list[str] | None = None
     """Strings that end a response at the token completing them (included in it)."""
 
@@ -66,7 +67,7 @@ class GenerationSettings:
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
         if self.stop_token_ids is not None:
-            self.stop_token_ids = _check_list(self.stop_token_ids, int, "stop_token_ids")
+            self.stop_token_ids = _check_list(self.stop_token_ids, int, "stop_token_ids", allow_empty=True)
         if self.stop_strings is not None:
             self.stop_strings = _check_list(self.stop_strings, str, "stop_strings")
             if not all(self.stop_strings):
@@ -85,13 +86,13 @@ class GenerationSettings:
         return cls(**kwargs)
 
 
-def _check_list(values: Any, kind: type, name: str) -> list:
-    """`values` as a non-empty list of `kind`; a bare string or int is refused, not split."""
+def _check_list(values: Any, kind: type, name: str, allow_empty: bool = False) -> list:
+    """`values` as a list of `kind` (non-empty unless `allow_empty`); a bare string or int is
+    refused, not split."""
     if isinstance(values, (str, int)) or not isinstance(values, Sequence):
         raise TypeError(f"{name} must be a list of {kind.__name__}, got {values!r}")
     values = list(values)
-    if not values:
-        # An empty list would be `None` to generate, which then takes the model's own eos.
+    if not values and not allow_empty:
         raise ValueError(f"{name} must not be empty; leave it None for the default")
     if not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
         raise TypeError(f"{name} must be a list of {kind.__name__}, got {values!r}")
@@ -112,6 +113,9 @@ class Rollout:
     """(B,) bool: the response used all A columns without a stop token or stop string."""
     num_prompt_tokens: int
     """P, the width of the left-padded prompt block."""
+    log_probs: torch.Tensor | None = None
+    """(B, A) float: log-probs of the sampled tokens under the sampling distribution, read
+    from `generate`'s own logits (`generate_rollout(..., with_log_probs=True)`); else None."""
 
     @property
     def num_actions(self) -> int:
@@ -173,12 +177,20 @@ def generate_rollout(
     attention_mask: torch.Tensor,
     tokenizer: Any,
     settings: GenerationSettings,
+    *,
+    with_log_probs: bool = False,
 ) -> Rollout:
     """Generate responses for left-padded prompts and lay them out as a `Rollout`.
 
     input_ids, attention_mask: (B, P), left-padded. The model generates in eval mode (no
     dropout) and gets its mode back afterwards. Sampling draws from the global torch RNG,
     which is never reseeded here. Returned tensors live on the model's device.
+
+    `with_log_probs` also returns log pi(token j | prefix) at the sampling temperature, from
+    the logits `generate` computed anyway, which saves PPO the actor's scoring forward. Cost:
+    generate keeps every step's raw logits until it returns, B x A x V floats (fine for small
+    vocabularies; 2.4 GB for B=32, A=512, V=150k in bf16). The values match a full forward
+    up to kernel rounding (KV-cache vs full attention: ~1e-6 in fp32, more in bf16).
     """
     _check_left_padded(input_ids, attention_mask)
     device = _model_device(model)
@@ -191,6 +203,8 @@ def generate_rollout(
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
+        if with_log_probs:
+            extra |= {"output_logits": True, "return_dict_in_generate": True}
         output = model.generate(
             input_ids=input_ids, attention_mask=attention_mask, generation_config=config, **extra
         )
@@ -199,7 +213,8 @@ def generate_rollout(
             module.training = training
 
     num_prompt_tokens = input_ids.shape[1]
-    responses = output[:, num_prompt_tokens:]
+    responses = (output.sequences if with_log_probs else output)[:, num_prompt_tokens:]
+    log_probs = _sampled_log_probs(output.logits, responses, settings) if with_log_probs else None
     action_mask, truncated = action_mask_from_responses(
         responses, resolve_stop_token_ids(settings, tokenizer), settings.stop_strings, tokenizer
     )
@@ -211,7 +226,21 @@ def generate_rollout(
         action_mask=action_mask,
         truncated=truncated,
         num_prompt_tokens=num_prompt_tokens,
+        log_probs=log_probs,
     )
+
+
+def _sampled_log_probs(step_logits: tuple[torch.Tensor, ...], responses: torch.Tensor, settings: GenerationSettings) -> torch.Tensor:
+    """log softmax(raw logits / T) at each sampled token: A tensors (B, V) -> (B, A).
+
+    The raw (unprocessed) logits, divided by the temperature and nothing else: the same
+    distribution `policy_logits` defines, so the PPO ratio compares like with like.
+    """
+    temperature = settings.temperature if settings.do_sample else 1.0
+    logits = torch.stack(step_logits, dim=1).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.gather(logits.log_softmax(-1), -1, responses.unsqueeze(-1)).squeeze(-1)
 
 
 def action_mask_from_responses(
@@ -225,10 +254,13 @@ def action_mask_from_responses(
     responses: (B, A) token ids. A row ends at its first stop token id (inclusive). With
     stop strings, a row whose stop id does not come first ends at the first token k such that
     `tokenizer.decode(row[:k+1], skip_special_tokens=False)` contains a stop string
-    (inclusive). A row with neither is truncated and its mask covers all A columns.
+    (inclusive). A row with neither is truncated and its mask covers all A columns; with no stop
+    ids and no stop strings every row simply runs to A columns, and none counts as truncated.
     """
     batch, width = responses.shape
-    is_stop = torch.isin(responses, torch.as_tensor(list(stop_token_ids), device=responses.device))
+    if not stop_token_ids and not stop_strings:
+        return torch.ones_like(responses, dtype=torch.bool), torch.zeros(batch, dtype=torch.bool, device=responses.device)
+    is_stop = torch.isin(responses, torch.as_tensor(list(stop_token_ids), dtype=responses.dtype, device=responses.device))
     # argmax returns the first maximal index, i.e. the first stop column.
     ends = torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1), width)
     if stop_strings:

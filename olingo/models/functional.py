@@ -10,6 +10,7 @@ experience run them under `torch.no_grad()`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -17,6 +18,11 @@ import torch.nn.functional as F
 
 KLEstimator = Literal["k1", "k2", "k3"]
 RewardPlacement = Literal["last", "every"]
+AllReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over data-parallel ranks
+
+
+def _local(values: torch.Tensor) -> torch.Tensor:
+    return values
 
 
 def _as_bool(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -58,7 +64,8 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = False) -> t
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
+    all_reduce_sum: AllReduceSum | None = None,
 ) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) with mean and population variance over masked entries.
 
@@ -66,9 +73,15 @@ def masked_whiten(
     only the scale is normalised (trlx does this for rewards). Masked-out entries are 0. The
     statistics are over the whole batch, not per row: whitening advantages per batch is the
     PPO convention (OpenAI baselines), and per row would erase the signal of one-token rows.
+    `all_reduce_sum` (sums a tensor over data-parallel ranks) makes the statistics global:
+    W ranks then whiten exactly as one process whitening their concatenated batches. The
+    variance takes a second pass around the global mean, as in one process.
     """
-    mean = masked_mean(x, mask)
-    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
+    reduce = all_reduce_sum or _local
+    count = reduce(masked_sum(torch.ones_like(x), mask)).clamp(min=1)
+    mean = reduce(masked_sum(x, mask)) / count
+    var = reduce(masked_sum((x - mean) ** 2, mask)) / count
+    whitened = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(_as_bool(mask, x), whitened, torch.zeros_like(whitened))
@@ -215,15 +228,17 @@ class RunningMoments:
     def std(self) -> float:
         return max(math.sqrt(self.var), self.eps)
 
-    def update(self, x: torch.Tensor) -> tuple[float, float]:
+    def update(self, x: torch.Tensor, all_reduce_sum: AllReduceSum | None = None) -> tuple[float, float]:
         """Fold in every element of `x` (any shape, non-empty); returns the batch's mean and
-        population std."""
+        population std. With `all_reduce_sum` the batch is every rank's `x` together, so the
+        statistics stay identical on all ranks (and equal one process's on the whole batch)."""
         if x.numel() == 0:
             raise ValueError("RunningMoments.update needs at least one value")
+        reduce = all_reduce_sum or _local
         x = x.detach().double().flatten()
-        n = x.numel()
-        batch_mean = x.mean().item()
-        batch_var = ((x - batch_mean) ** 2).mean().item()
+        n = int(reduce(torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device)).item())
+        batch_mean = (reduce(x.sum()) / n).item()
+        batch_var = (reduce(((x - batch_mean) ** 2).sum()) / n).item()
         total = self.count + n
         delta = batch_mean - self.mean
         # Chan et al.: M2 = M2_a + M2_b + delta^2 * n_a * n_b / n; the prior var has weight 0

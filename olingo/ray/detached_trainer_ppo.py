@@ -5,6 +5,7 @@ Per batch popped from the buffer it runs exactly the update of single-process PP
 episode the actor and critic weights go to the makers through the object store: one `ray.put`
 per model, however many makers load it. `perf/weight_sync_s` and `perf/weight_sync_gbps`
 (bytes of both models times makers, per second of the whole sync) are logged with every step.
+Under LoRA only the adapters and the critic's value head are sent (`olingo.ray.weights`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,14 @@ TRAINER_CONCURRENCY = {"buffer_length": 1, "buffer_append": 1, "buffer_sample": 
 
 
 def default_optim_fn(actor_lr: float, critic_lr: float) -> Callable[[torch.nn.Module, torch.nn.Module], tuple]:
-    """AdamW at constant learning rates for both models (no schedules)."""
+    """AdamW at constant learning rates for both models (no schedules), over trainable tensors
+    only (under LoRA the frozen base stays out of the optimizer)."""
+
+    def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+        return [p for p in model.parameters() if p.requires_grad]
 
     def build(actor: torch.nn.Module, critic: torch.nn.Module) -> tuple:
-        return torch.optim.AdamW(actor.parameters(), lr=actor_lr), torch.optim.AdamW(critic.parameters(), lr=critic_lr), None, None
+        return torch.optim.AdamW(trainable(actor), lr=actor_lr), torch.optim.AdamW(trainable(critic), lr=critic_lr), None, None
 
     return build
 
@@ -114,10 +119,12 @@ class DetachedPPOTrainer(DetachedTrainer):
         calls = [m.update_experience_maker.remote(actor_ref, critic_ref, policy_version=kwargs["policy_version"], fully_update=True) for m in makers]
         self._get(calls, "weight sync")
         seconds = time.perf_counter() - start
+        logger.info("[trainer] weight sync: %.3f MB (%d actor + %d critic tensors) to %d makers in %.2fs", nbytes / 1e6, len(actor), len(critic), len(makers), seconds)
         self._sync_metrics = {
             "perf/weight_sync_s": seconds,
             "perf/weight_sync_gbps": nbytes * len(makers) / max(seconds, 1e-9) / 1e9,
             "perf/weight_sync_mb": nbytes / 1e6,
+            "perf/weight_sync_tensors": float(len(actor) + len(critic)),
         }
 
     def _connect_makers(self) -> None:

@@ -38,6 +38,7 @@ from olingo.models.rlvr import RLVRRewardModel, get_reward_function
 from olingo.ray.detached_trainer_ppo import DetachedPPOTrainer
 from olingo.ray.experience_maker_holder import ExperienceMakerHolder
 from olingo.recipes.common import (
+    LoraSettings,
     OptimizerConfig,
     build_callbacks,
     optimizer_and_schedule,
@@ -72,12 +73,14 @@ class PPOModelsFn:
     reward: str | RLVRRewardModel | None = None  # a reward-model directory or reward functions
     dtype: str = "float32"
     trust_remote_code: bool = False
+    lora: LoraSettings | None = None  # adapters on actor and critic; then only they (and the value head) are synced
 
     def __call__(self) -> tuple:
         pad = load_tokenizer(self.tokenizer).pad_token_id
         load = dict(dtype=self.dtype, trust_remote_code=self.trust_remote_code)
-        actor = load_causal_lm(self.actor, **load)
-        critic = Critic.from_pretrained(self.critic, pad_token_id=pad, **load)
+        lora = self.lora or LoraSettings()
+        actor = lora.apply(load_causal_lm(self.actor, **load))
+        critic = lora.apply(Critic.from_pretrained(self.critic, pad_token_id=pad, **load))
         if self.reference is None:
             return actor, critic
         reference = load_causal_lm(self.reference, **load).eval().requires_grad_(False)
@@ -200,7 +203,7 @@ def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         tokenizer = resolve_path(m.tokenizer or m.actor)
         critic_start = resolve_path(m.critic or cfg.reward.model or m.actor)
         reward = RLVRRewardModel.from_weights(cfg.reward.functions) if cfg.reward.functions else resolve_path(cfg.reward.model)
-        maker_models = PPOModelsFn(resolve_path(m.actor), critic_start, tokenizer, resolve_path(m.reference or m.actor), reward, m.dtype, m.trust_remote_code)
+        maker_models = PPOModelsFn(resolve_path(m.actor), critic_start, tokenizer, resolve_path(m.reference or m.actor), reward, m.dtype, m.trust_remote_code, m.lora)
         suffix = uuid.uuid4().hex[:6]
         trainer_name = f"{cfg.run.name}-trainer-{suffix}"
         maker_names = [f"{cfg.run.name}-maker{i}-{suffix}" for i in range(rc.num_makers)]
@@ -213,6 +216,7 @@ def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
                     kl_estimator=algo.kl_estimator, kl_target=algo.kl_target, kl_horizon=algo.kl_horizon, gamma=algo.gamma, lam=algo.lam,
                     whiten_advantages=algo.whiten_advantages, normalize_reward=cfg.reward.normalize, reward_clip=cfg.reward.clip,
                     reward_placement=cfg.reward.placement, truncation_penalty=cfg.reward.truncation_penalty,
+                    reuse_rollout_log_probs=algo.reuse_rollout_log_probs, skip_reference_when_kl_zero=algo.skip_reference_when_kl_zero,
                 ),
                 eval_dataloader_fn=PromptLoaderFn([resolve_path(s) for s in cfg.data.eval_prompts], tokenizer, cfg.data.max_prompt_length, algo.eval_batch_size, train=False) if cfg.data.eval_prompts and i == 0 else None,
                 accuracy_fn=get_reward_function(algo.accuracy_function) if algo.accuracy_function else None,
@@ -225,7 +229,7 @@ def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
 
         # 4. the trainer actor
         trainer = DetachedPPOTrainer.options(name=trainer_name, **rc.trainer_resources.model_dump()).remote(
-            maker_names, PPOModelsFn(resolve_path(m.actor), critic_start, tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code),
+            maker_names, PPOModelsFn(resolve_path(m.actor), critic_start, tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora),
             train_batch_size=algo.train_batch_size, buffer_limit=rc.buffer_limit or batches, eps_clip=algo.eps_clip, value_clip=algo.value_clip,
             callbacks=build_callbacks(cfg.callbacks) + list(callbacks), vf_coef=algo.vf_coef,
             temperature=cfg.generation.temperature if cfg.generation.do_sample else 1.0,

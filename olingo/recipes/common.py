@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-from olingo.booster import Booster, Plugin, SingleProcessPlugin, TorchDDPPlugin
+from olingo.booster import Booster, Plugin, SingleProcessPlugin, TorchDDPPlugin, TorchFSDPPlugin
 from olingo.cluster import DistCoordinator
 from olingo.config import ConfigError, StrictModel, dump_config
+from olingo.models.lora import apply_lora
 from olingo.trainer._support import Evaluator
 from olingo.trainer.base import SLTrainer
 from olingo.trainer.callbacks import Callback, LogContext, build_callback
@@ -37,6 +38,25 @@ class RunConfig(StrictModel):
     overwrite: bool = Field(False, description="delete an existing run directory instead of refusing to start")
 
 
+class LoraSettings(StrictModel):
+    """LoRA through peft: train low-rank adapters (and value heads), freeze the rest."""
+
+    r: int = Field(0, ge=0, description="adapter rank (0: no LoRA, train every weight)")
+    alpha: float = Field(16.0, gt=0, description="adapter scale numerator: the update is (alpha / r) B A")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter input")
+    target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="modules that get adapters, e.g. [q_proj, v_proj]; all-linear = every linear layer but the output head")
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` with adapters injected (only they and value heads stay trainable), or unchanged when r = 0."""
+        if not self.enabled:
+            return model
+        return apply_lora(model, r=self.r, alpha=self.alpha, dropout=self.dropout, target_modules=self.target_modules)
+
+
 class ModelConfig(StrictModel):
     """The model a stage starts from."""
 
@@ -45,13 +65,22 @@ class ModelConfig(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters via peft (lora.r > 0); merged into the exported model")
 
 
 class PluginConfig(StrictModel):
     """Parallel strategy."""
 
-    name: Literal["single", "ddp"] = Field("single", description="single process, or DistributedDataParallel under torchrun")
-    backend: str | None = Field(None, description="torch.distributed backend for ddp (default: nccl on GPU, gloo on CPU)")
+    name: Literal["single", "ddp", "fsdp"] = Field("single", description="single process; ddp = DistributedDataParallel, fsdp = FSDP2 fully sharded, both under torchrun")
+    backend: str | None = Field(None, description="torch.distributed backend for ddp/fsdp (default: nccl on GPU, gloo on CPU)")
+    mixed_precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="fsdp compute dtype on GPU (fp32 master weights, fp32 gradient reduction); CPUs always use fp32")
+    cpu_offload: bool = Field(False, description="fsdp: keep sharded parameters, gradients and optimizer state in CPU memory (GPU runs)")
+
+    @model_validator(mode="after")
+    def _fsdp_options(self) -> PluginConfig:
+        if self.name != "fsdp" and (self.mixed_precision != "fp32" or self.cpu_offload):
+            raise ValueError(f"plugin.mixed_precision and plugin.cpu_offload need plugin.name=fsdp (got {self.name})")
+        return self
 
 
 class LoggingConfig(StrictModel):
@@ -183,10 +212,22 @@ class RunSetup:
     run_dir: Path
 
 
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward instead of storing them.
+
+    Non-reentrant checkpointing (torch.utils.checkpoint's recommended mode) gives the same
+    gradients as no checkpointing, works when inputs need no grad (frozen embeddings under
+    LoRA) and inside FSDP2, whose hooks the reentrant variant bypasses.
+    """
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def make_plugin(plugin_cfg: PluginConfig, max_norm: float | None) -> Plugin:
-    """The configured plugin (joining torchrun's process group for ddp), clipping at `max_norm`."""
+    """The configured plugin (joining torchrun's process group for ddp/fsdp), clipping at `max_norm`."""
     if plugin_cfg.name == "ddp":
         return TorchDDPPlugin(max_norm=max_norm, backend=plugin_cfg.backend)
+    if plugin_cfg.name == "fsdp":
+        return TorchFSDPPlugin(max_norm=max_norm, backend=plugin_cfg.backend, mixed_precision=plugin_cfg.mixed_precision, cpu_offload=plugin_cfg.cpu_offload)
     return SingleProcessPlugin(max_norm=max_norm)
 
 

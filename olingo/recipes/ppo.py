@@ -25,11 +25,13 @@ from olingo.models.rlvr import RLVRRewardModel, get_reward_function
 from olingo.recipes.common import (
     CallbackSpec,
     LoggingConfig,
+    LoraSettings,
     OptimizerConfig,
     PluginConfig,
     RunConfig,
     attach_experiment,
     build_callbacks,
+    enable_gradient_checkpointing,
     make_plugin,
     open_run,
     optimizer_and_schedule,
@@ -52,6 +54,7 @@ class PPOModelConfig(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (actor and critic)")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters via peft for actor and critic (lora.r > 0); reference and reward stay full")
 
 
 class RewardConfig(StrictModel):
@@ -111,6 +114,9 @@ class PPOAlgoConfig(StrictModel):
     gamma: float = Field(1.0, description="GAE discount")
     lam: float = Field(0.95, description="GAE lambda")
     whiten_advantages: bool = Field(True, description="normalise advantages per experience batch")
+    global_whitening: bool = Field(False, description="whiten with the statistics of every data-parallel rank's batch together (as one process would), not per rank")
+    reuse_rollout_log_probs: bool = Field(False, description="take pi_old log-probs from generate's own logits instead of a second actor forward (faster; holds B x A x vocab logits while generating)")
+    skip_reference_when_kl_zero: bool = Field(False, description="with a fixed kl_coef of 0, skip the reference model's forward (the logged KL then reads 0)")
     eps_clip: float = Field(0.2, description="policy ratio clip")
     value_clip: float = Field(0.2, description="value clip around the rollout-time values")
     vf_coef: float = Field(1.0, description="value-loss weight")
@@ -198,13 +204,13 @@ def run_ppo(cfg: PPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogConte
     # 2. models: actor, frozen reference, critic, reward
     tokenizer = load_tokenizer(resolve_path(m.tokenizer or m.actor), padding_side="left")
     load = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
-    actor = load_causal_lm(resolve_path(m.actor), **load)
+    actor = m.lora.apply(load_causal_lm(resolve_path(m.actor), **load))
     reference = load_causal_lm(resolve_path(m.reference or m.actor), **load).eval().requires_grad_(False)
-    critic = Critic.from_pretrained(resolve_path(m.critic or cfg.reward.model or m.actor), pad_token_id=tokenizer.pad_token_id, **load)
+    critic = m.lora.apply(Critic.from_pretrained(resolve_path(m.critic or cfg.reward.model or m.actor), pad_token_id=tokenizer.pad_token_id, **load))
     reward = load_reward(cfg, tokenizer)
     if m.gradient_checkpointing:
-        actor.gradient_checkpointing_enable()
-        critic.gradient_checkpointing_enable()
+        enable_gradient_checkpointing(actor)
+        enable_gradient_checkpointing(critic)
     inference_device = "cpu" if algo.offload_inference_models else setup.plugin.device
     reference.to(inference_device)
     reward.to(inference_device)
@@ -239,8 +245,9 @@ def run_ppo(cfg: PPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogConte
         callbacks=[PerformanceEvaluator(), *build_callbacks(cfg.callbacks), *callbacks],
         maker_kwargs=dict(
             kl_estimator=algo.kl_estimator, kl_target=algo.kl_target, kl_horizon=algo.kl_horizon, gamma=algo.gamma,
-            lam=algo.lam, whiten_advantages=algo.whiten_advantages, normalize_reward=cfg.reward.normalize,
+            lam=algo.lam, whiten_advantages=algo.whiten_advantages, global_whitening=algo.global_whitening, normalize_reward=cfg.reward.normalize,
             reward_clip=cfg.reward.clip, reward_placement=cfg.reward.placement, truncation_penalty=cfg.reward.truncation_penalty,
+            reuse_rollout_log_probs=algo.reuse_rollout_log_probs, skip_reference_when_kl_zero=algo.skip_reference_when_kl_zero,
         ),
         eval_interval=algo.eval_interval,
         accuracy_fn=get_reward_function(algo.accuracy_function) if algo.accuracy_function else None,

@@ -26,6 +26,7 @@ from olingo.recipes.common import (
     PluginConfig,
     RunConfig,
     build_callbacks,
+    enable_gradient_checkpointing,
     fit_run,
     loaders_and_optimizer,
     open_run,
@@ -75,8 +76,9 @@ def run_rm(
     # 2. tokenizer and model: a new value head on a causal LM, or a saved reward model
     tokenizer = load_tokenizer(resolve_path(cfg.model.tokenizer or cfg.model.path))
     model = RewardModel.from_pretrained(resolve_path(cfg.model.path), pad_token_id=tokenizer.pad_token_id, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    model = cfg.model.lora.apply(model)
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_gradient_checkpointing(model)
 
     # 3. data, validated before any training
     def dataset(sources: list[str]):

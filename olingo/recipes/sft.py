@@ -25,6 +25,7 @@ from olingo.recipes.common import (
     PluginConfig,
     RunConfig,
     build_callbacks,
+    enable_gradient_checkpointing,
     fit_run,
     loaders_and_optimizer,
     open_run,
@@ -68,8 +69,9 @@ def run_sft(
     # 2. tokenizer and model
     tokenizer = load_tokenizer(resolve_path(cfg.model.tokenizer or cfg.model.path))
     model = load_causal_lm(resolve_path(cfg.model.path), dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    model = cfg.model.lora.apply(model)
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_gradient_checkpointing(model)
 
     # 3. data, validated before any training
     def dataset(sources: list[str]):

@@ -49,7 +49,7 @@ from olingo.trainer._support import (
     run_evaluator,
 )
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
-from olingo.trainer.checkpoint import CheckpointManager
+from olingo.trainer.checkpoint import CheckpointManager, load_trained, save_trained
 from olingo.trainer.utils import optimizer_steps_per_epoch, rng_state, set_rng_state
 
 logger = logging.getLogger("olingo.trainer")
@@ -97,7 +97,7 @@ class SLTrainer(ABC):
         self.state = LoopState(is_master=self.coordinator.is_master)
         self.train_dataloader: DataLoader | None = None
         self.eval_dataloader: DataLoader | None = None
-        self._resume_position: tuple[int, int] | None = None  # (epoch, batches consumed)
+        self._resume_position: tuple[int, int] | None = None  # (epoch, global samples consumed)
         self._pending_callback_states: dict[str, Any] = {}
         self._saved_rows: list[ManifestRow] = []
         self._defaults_installed = False
@@ -131,6 +131,7 @@ class SLTrainer(ABC):
         state.policy, state.tokenizer = self.booster.unwrap(self.model), self.tokenizer
         state.num_steps = self.max_epochs * self._steps_per_epoch()
         first_epoch, consumed = self._resume_position or (self.start_epoch, 0)
+        consumed = state.extra["batches_consumed"] = self._batches_from_samples(consumed)
         if self._resume_position is None:
             state.step = self.start_epoch * self._steps_per_epoch()
         t0, error = time.time(), None
@@ -172,6 +173,14 @@ class SLTrainer(ABC):
             if self.state.stop_requested:
                 return
 
+    def _batches_from_samples(self, samples: int) -> int:
+        """Per-rank batches that consume `samples` global samples under this run's geometry
+        (a resumed run may have another world size or batch size than the one that saved)."""
+        global_batch = self._global_batch_size()
+        if samples % global_batch:
+            logger.warning("resuming after %d samples, not a multiple of the global batch %d: the next batch starts at sample %d", samples, global_batch, samples)
+        return samples // global_batch
+
     def _train_group(self, group: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Forward/backward the micro-batches of one optimizer step; mean of their stats.
 
@@ -208,9 +217,11 @@ class SLTrainer(ABC):
             self._save_checkpoint(f"step_{step}")
         if self.eval_interval and step % self.eval_interval == 0:
             self._run_eval()
-        if self.coordinator.is_master:
-            for evaluator in due_evaluators(self.evaluators, step - 1, step):
-                run_evaluator(self.callbacks, self.state, evaluator)
+        due = due_evaluators(self.evaluators, step - 1, step)
+        if due:  # every rank gathers a sharded model; rank 0 alone evaluates it
+            with self.booster.gathered(self.model):
+                for evaluator in due if self.coordinator.is_master else ():
+                    run_evaluator(self.callbacks, self.state, evaluator)
 
     def _eval(self, epoch: int) -> None:
         """End-of-epoch evaluation; writes `eval/epoch_<epoch>.json` in the run directory."""
@@ -225,7 +236,8 @@ class SLTrainer(ABC):
         if self.eval_dataloader is None:
             return None
         self.model.eval()
-        with torch.no_grad():
+        # Gathered: ranks may hold different numbers of evaluation batches (no padding).
+        with torch.no_grad(), self.booster.gathered(self.model):
             metrics = {f"eval/{k}": v for k, v in self._evaluate().items()}
         self.model.train()
         self.last_eval_metrics = metrics
@@ -261,6 +273,7 @@ class SLTrainer(ABC):
             "step": state.step,
             "epoch": state.epoch,
             "batches_consumed": batches,
+            "samples_consumed": batches * self._global_batch_size(),  # valid under any world size
             "num_steps": state.num_steps,
             "callbacks": self._callback_states(),
         }
@@ -268,7 +281,6 @@ class SLTrainer(ABC):
 
         def write(directory: Path) -> None:
             self._save_models(directory)
-            self.booster.save_optimizer(self.optimizer, directory / "optimizer.pt")
             if self.lr_scheduler is not None:
                 self.booster.save_lr_scheduler(self.lr_scheduler, directory / "scheduler.pt")
             torch.save(rng_state(), directory / f"rng_rank{rank}.pt")
@@ -280,13 +292,14 @@ class SLTrainer(ABC):
         dispatch(self.callbacks, "on_checkpoint", state, row)
 
     def _save_models(self, directory: Path) -> None:
-        """Write the trained model (and tokenizer, so the directory loads on its own)."""
-        self.booster.save_model(self.model, directory / "model")
+        """Write the trained model (and tokenizer, so the directory loads on its own) and its
+        optimizer (see `save_trained`)."""
+        save_trained(self.booster, directory, "model", self.model, self.optimizer, "optimizer")
         if self.coordinator.is_master and self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(directory / "model"))
 
     def _load_models(self, directory: Path) -> None:
-        self.booster.load_model(self.model, directory / "model")
+        load_trained(self.booster, directory, "model", self.model, self.optimizer, "optimizer")
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Restore models, optimizer, scheduler, RNG, data position and counters from a
@@ -294,7 +307,6 @@ class SLTrainer(ABC):
         directory = Path(directory)
         trainer_state = json.loads((directory / "trainer_state.json").read_text())
         self._load_models(directory)
-        self.booster.load_optimizer(self.optimizer, directory / "optimizer.pt")
         if self.lr_scheduler is not None and (directory / "scheduler.pt").exists():
             self.booster.load_lr_scheduler(self.lr_scheduler, directory / "scheduler.pt")
         rng_file = directory / f"rng_rank{self.coordinator.rank}.pt"
@@ -303,10 +315,9 @@ class SLTrainer(ABC):
         set_rng_state(torch.load(rng_file, weights_only=False))
         self.state.step = trainer_state["step"]
         self.state.epoch = trainer_state["epoch"]
-        self.state.extra["batches_consumed"] = trainer_state["batches_consumed"]
-        self._resume_position = (trainer_state["epoch"], trainer_state["batches_consumed"])
+        self._resume_position = (trainer_state["epoch"], trainer_state["samples_consumed"])
         self._pending_callback_states = trainer_state.get("callbacks", {})
-        logger.info("resumed from %s at step %d (epoch %d, batch %d)", directory, self.state.step, *self._resume_position)
+        logger.info("resumed from %s at step %d (epoch %d, sample %d)", directory, self.state.step, *self._resume_position)
 
     def _callback_states(self) -> dict[str, Any]:
         return callback_states(self.callbacks)

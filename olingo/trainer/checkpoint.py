@@ -2,7 +2,13 @@
 
 A checkpoint is written into `checkpoints/.tmp-<name>/`, renamed to `checkpoints/<name>/` once
 every rank has finished writing, and only then recorded in the manifest. A process killed at any
-moment therefore leaves the last manifest row pointing at a complete checkpoint.
+moment therefore leaves the last manifest row pointing at a complete checkpoint. Every rank writes
+into the temporary directory (distributed checkpoint shards), so on several machines it must be
+on a shared filesystem.
+
+Each trained model is stored as `<name>/`, a Hugging Face directory (the export users load), and
+its optimizer as `<stem>.pt`; a plugin that shards (FSDP2) adds `<name>.dcp/` and writes
+`<stem>.dcp/` instead: DCP shards, which resume under any world size and are preferred on load.
 """
 
 from __future__ import annotations
@@ -14,12 +20,33 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from olingo.booster import Booster, OptimizerWrapper
 from olingo.cluster import DistCoordinator
 from olingo.trainer.callbacks.state import ManifestRow
 
 logger = logging.getLogger("olingo.checkpoint")
 MANIFEST = "checkpoints.jsonl"
+
+
+def save_trained(booster: Booster, directory: Path, name: str, model: Any, optimizer: OptimizerWrapper, optimizer_stem: str) -> None:
+    """The model as `<name>/` (+ `<name>.dcp/` when sharded) and its optimizer; all ranks call."""
+    booster.save_model(model, directory / name)
+    if booster.plugin.sharded_checkpoints:
+        booster.save_model(model, directory / f"{name}.dcp", shard=True)
+        booster.save_optimizer(optimizer, directory / f"{optimizer_stem}.dcp", shard=True)
+    else:
+        booster.save_optimizer(optimizer, directory / f"{optimizer_stem}.pt")
+
+
+def load_trained(booster: Booster, directory: Path, name: str, model: Any, optimizer: OptimizerWrapper, optimizer_stem: str) -> None:
+    """Load what `save_trained` wrote, whichever plugin and world size wrote it: shards when
+    present (exact, and never gathered on one rank), else the Hugging Face directory."""
+    shards = directory / f"{name}.dcp"
+    booster.load_model(model, shards if shards.is_dir() else directory / name)
+    optimizer_shards = directory / f"{optimizer_stem}.dcp"
+    booster.load_optimizer(optimizer, optimizer_shards if optimizer_shards.is_dir() else directory / f"{optimizer_stem}.pt")
 
 
 class CheckpointManager:

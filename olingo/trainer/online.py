@@ -193,9 +193,11 @@ class OLTrainer(ABC):
             self._save_checkpoint(f"step_{step}")
         if self._crossed(self.eval_interval, self._last_eval_step, step):
             self._run_eval()
-        if self.coordinator.is_master and self.state.policy is not None:
-            for evaluator in due_evaluators(self.evaluators, self._episode_start_step, step):
-                run_evaluator(self.callbacks, self.state, evaluator)
+        due = due_evaluators(self.evaluators, self._episode_start_step, step) if self.state.policy is not None else []
+        if due:  # every rank gathers a sharded policy; rank 0 alone evaluates it
+            with self.actor_booster.gathered(self.state.policy):
+                for evaluator in due if self.coordinator.is_master else ():
+                    run_evaluator(self.callbacks, self.state, evaluator)
 
     @staticmethod
     def _crossed(interval: int, since: int, step: int) -> bool:

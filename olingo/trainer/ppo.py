@@ -71,7 +71,7 @@ class PPOTrainer(OLTrainer):
     (`GenerationSettings`: max_new_tokens, do_sample, temperature, top_k, top_p,
     stop_token_ids, stop_strings); unknown ones are errors. Keyword-only extras:
     `maker_kwargs` (options of `NaiveExperienceMaker`: kl_estimator, kl_target, gamma, lam,
-    whiten_advantages, normalize_reward, reward_clip, reward_placement, truncation_penalty),
+    whiten_advantages, global_whitening, normalize_reward, reward_clip, reward_placement, truncation_penalty),
     `eval_interval` (optimizer steps), `accuracy_fn` ((prompt, response, gt_answer) -> float,
     counted correct when > 0) and `eval_generate_kwargs` for held-out evaluation.
     `ptx_coef > 0` needs a `pretrain_dataloader` in `fit` (checked when fit starts).
@@ -116,7 +116,7 @@ class PPOTrainer(OLTrainer):
         **generate_kwargs: Any,
     ) -> None:
         if use_tp:
-            raise ValueError("use_tp=True: tensor parallelism is not available in olingo; use the DDP plugin (FSDP2 is planned)")
+            raise ValueError("use_tp=True: tensor parallelism is not available in olingo; use the DDP or FSDP2 plugin")
         if accumulation_steps < 1 or train_batch_size < 1:
             raise ValueError("accumulation_steps and train_batch_size must be >= 1")
         learner = PPOLearner(
@@ -135,9 +135,11 @@ class PPOTrainer(OLTrainer):
         self.tokenizer = tokenizer
         self.generation = GenerationSettings.from_kwargs(**generate_kwargs)
         self.eval_generation = GenerationSettings.from_kwargs(**{**vars(self.generation), **(eval_generate_kwargs or {})})
+        # Unwrapped: rollouts are forward-only, so DDP's per-forward bookkeeping is not wanted;
+        # the plugin's sum over ranks keeps KL, reward statistics and (optionally) whitening global.
         self.experience_maker = NaiveExperienceMaker(
-            actor_booster.unwrap(actor), critic, reward_model, initial_model, tokenizer, kl_coef,
-            generation=self.generation, **(maker_kwargs or {}),
+            actor_booster.unwrap(actor), critic_booster.unwrap(critic), reward_model, initial_model, tokenizer, kl_coef,
+            generation=self.generation, **{"all_reduce_sum": actor_booster.plugin.all_reduce_sum, **(maker_kwargs or {})},
         )
         self.train_batch_size, self.accumulation_steps = train_batch_size, accumulation_steps
         self.offload_inference_models = offload_inference_models
@@ -203,7 +205,10 @@ class PPOTrainer(OLTrainer):
         self._place_inference_models(self.device)
         batch = self.prompts.next()
         start = time.perf_counter()
-        experience = self.experience_maker.make_experience(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=self.state.step)
+        # Gathered: each rank's responses stop at their own length, so ranks run different
+        # numbers of generation steps, which a sharded actor cannot serve layer by layer.
+        with self.actor_booster.gathered(self.actor):
+            experience = self.experience_maker.make_experience(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=self.state.step)
         self._episode_timing["make_experience"] += time.perf_counter() - start
         self._episode_timing["tokens"] += float(experience.action_mask.sum())
         self._episode_rollout.append(experience.info)
@@ -268,9 +273,14 @@ class PPOTrainer(OLTrainer):
         return metrics
 
     def _rollout_metrics(self) -> dict[str, float]:
-        """The episode's experience statistics, averaged over its collect steps."""
+        """The episode's experience statistics, averaged over its collect steps and over ranks
+        (every rank rolls out the same number of prompts, so means of means are exact means;
+        a `*_std` is the ranks' mean std)."""
         infos = self._episode_rollout
         metrics = {f"rollout/{key}": sum(info[key] for info in infos) / len(infos) for key in infos[0]} if infos else {}
+        if metrics:
+            values = self.actor_booster.plugin.all_reduce_mean(torch.tensor(list(metrics.values()), dtype=torch.float64, device=self.device))
+            metrics = dict(zip(metrics, values.tolist(), strict=True))
         seconds = self._episode_timing["make_experience"]
         metrics["time/make_experience"] = seconds
         metrics["perf/tokens_per_s"] = self._episode_timing["tokens"] / seconds if seconds > 0 else 0.0
@@ -286,9 +296,10 @@ class PPOTrainer(OLTrainer):
         def all_reduce_sum(totals: torch.Tensor) -> torch.Tensor:  # each rank evaluated its own shard
             return plugin.all_reduce_sum(totals.to(self.device)).cpu()
 
-        metrics, samples = evaluate_policy(
-            self.experience_maker, self.eval_dataloader, self.eval_generation, accuracy_fn=self.accuracy_fn, all_reduce_sum=all_reduce_sum,
-        )
+        with self.actor_booster.gathered(self.actor):  # ranks may hold different numbers of eval batches
+            metrics, samples = evaluate_policy(
+                self.experience_maker, self.eval_dataloader, self.eval_generation, accuracy_fn=self.accuracy_fn, all_reduce_sum=all_reduce_sum,
+            )
         if self.state.output_dir is not None and self.coordinator.is_master:
             out = self.state.output_dir / "eval"
             out.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from olingo.models.functional import (
     masked_mean,
 )
 from olingo.models.loss import GPTLMLoss, PolicyLoss, ValueLoss
+from olingo.trainer.checkpoint import load_trained, save_trained
 
 
 class PPOLearner:
@@ -139,17 +140,15 @@ class PPOLearner:
         ]
 
     def save(self, directory: Path) -> None:
-        """actor/, critic/ (HF directories) and {actor,critic}_{optimizer,scheduler}.pt."""
+        """actor/, critic/ (HF directories), their optimizers (`save_trained`) and schedulers."""
         for name, booster, model, optim, scheduler in self._trained():
-            booster.save_model(model, directory / name)
-            booster.save_optimizer(optim, directory / f"{name}_optimizer.pt")
+            save_trained(booster, directory, name, model, optim, f"{name}_optimizer")
             if scheduler is not None:
                 booster.save_lr_scheduler(scheduler, directory / f"{name}_scheduler.pt")
 
     def load(self, directory: Path) -> None:
         """Each model, optimizer and scheduler from its own file: never the actor's into the critic."""
         for name, booster, model, optim, scheduler in self._trained():
-            booster.load_model(model, directory / name)
-            booster.load_optimizer(optim, directory / f"{name}_optimizer.pt")
+            load_trained(booster, directory, name, model, optim, f"{name}_optimizer")
             if scheduler is not None:
                 booster.load_lr_scheduler(scheduler, directory / f"{name}_scheduler.pt")

@@ -68,7 +68,10 @@ class TensorBoardLogger(Callback):
         # Imported here: tensorboard is slow to import and only this logger needs it.
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(target), purge_step=purge_step)
+        # A deep queue: with the default of 10 events, adding a step's ~25 scalars blocks the
+        # training thread until tensorboard's writer thread catches up (measured: 5% of a tiny
+        # PPO update). Events are still flushed every `flush_secs`, at checkpoints and at close.
+        self._writer = SummaryWriter(log_dir=str(target), purge_step=purge_step, max_queue=10_000)
         if self.log_config and config:
             self._writer.add_text("config", config_as_markdown(config), global_step=0)
 

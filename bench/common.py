@@ -1,0 +1,103 @@
+"""Shared pieces of the benchmarks: machine description, subprocess runs, result files.
+
+Every measured implementation runs in its own fresh Python process (`run_impl`), so peak RSS
+(`ru_maxrss`) belongs to that implementation alone and no run warms another's caches. Runs
+of the implementations being compared are interleaved, repeat by repeat, and summarised by
+medians, so a slow spell of the machine hits every implementation alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+OLINGO_PYTHON = sys.executable
+
+
+def machine() -> dict:
+    """CPU model, cores, memory, OS, Python and the library versions the numbers belong to."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    versions = {}
+    for name in ("olingo", "torch", "transformers", "peft", "ray"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=BENCH).stdout.strip()
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_gib, 1), "os": platform.platform(),
+        "python": platform.python_version(), "versions": versions, "git": rev,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_impl(python: str | Path, script: Path, spec: dict, workdir: Path, tag: str) -> dict:
+    """Run `script --spec S --out R` in a fresh `python` process and return its JSON result."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path, out_path = workdir / f"{tag}.spec.json", workdir / f"{tag}.result.json"
+    spec_path.write_text(json.dumps(spec))
+    out_path.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent), "TOKENIZERS_PARALLELISM": "false",
+           "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.run([str(python), str(script), "--spec", str(spec_path), "--out", str(out_path)],
+                          capture_output=True, text=True, env=env, cwd=workdir)
+    if proc.returncode != 0 or not out_path.exists():
+        raise RuntimeError(f"{tag}: {script.name} failed (exit {proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return json.loads(out_path.read_text())
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def write_results(name: str, rows: list[dict], info: dict, markdown: str) -> tuple[Path, Path]:
+    """bench/results/<name>.jsonl (machine line first, then one line per measurement) and .md."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    jsonl, md = RESULTS / f"{name}.jsonl", RESULTS / f"{name}.md"
+    with jsonl.open("w") as handle:
+        handle.write(json.dumps({"machine": info}) + "\n")
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+    versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
+    extra = ", ".join(f"{k} {v}" for k, v in info.get("extra_versions", {}).items())
+    header = (
+        f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, {info['os']}; "
+        f"Python {info['python']}; {versions}" + (f"; {extra}" if extra else "") + f". Commit {info['git']}, {info['date']}.\n\n"
+    )
+    md.write_text(header + markdown)
+    return jsonl, md
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    """A markdown table; floats get 3 significant digits."""
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

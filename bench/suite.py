@@ -1,0 +1,204 @@
+"""The benchmark suite: olingo vs a minimal PyTorch loop vs TRL, side by side in one run.
+
+    python bench/suite.py [--repeats 3] [--only rm|ppo] [--no-trl] [--quick]
+
+Reward-model training (`bench/rm_run.py`, `bench/trl/rm_trl.py`) and PPO (`bench/ppo_run.py`,
+`bench/trl/ppo_trl.py`) run on the workloads of `bench/workload.py`: a base configuration and
+one variation per scaling axis (model size, sequence/response length, batch size). For each
+repeat, every configuration runs every implementation once, in a rotating order, each in a
+fresh process; reported numbers are medians over repeats of each run's median step. Ratios
+compare implementations within this one run. Writes bench/results/{rm,ppo}.{jsonl,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import workload  # noqa: E402
+from bench.common import BENCH, OLINGO_PYTHON, machine, median, run_impl, table, write_results  # noqa: E402
+from bench.phases import PHASES  # noqa: E402
+
+WORK = BENCH / ".work"
+RM_BASE = {"size": "h128x2", "length": 64, "batch_size": 8}
+RM_AXES = [("size", "h256x4"), ("length", 128), ("batch_size", 16)]
+PPO_BASE = {"size": "h128x2", "response_length": 16, "batch_size": 16}
+PPO_AXES = [("size", "h256x4"), ("response_length", 32), ("batch_size", 32)]
+RM_OPTIM = {"lr": 1e-4, "weight_decay": 0.1, "adam_betas": [0.9, 0.95], "max_grad_norm": 1.0, "warmup_ratio": 0.025, "min_lr_ratio": 0.1, "seed": 0}
+PPO_ALGO = {"ppo_epochs": 1, "temperature": 1.0, "kl_coef": 0.05, "cliprange": 0.2, "vf_coef": 0.1, "cliprange_value": 0.2,
+            "gamma": 1.0, "lam": 0.95, "lr": 1e-5, "seed": 0}
+
+
+def configurations(base: dict, axes: list[tuple[str, object]]) -> list[dict]:
+    """The base configuration, then one per axis with that one value changed."""
+    return [dict(base, name="base")] + [dict(base, **{key: value}, name=f"{key}={value}") for key, value in axes]
+
+
+def trl_python(which: str) -> Path:
+    from bench.trl.env import ensure_venv
+
+    return ensure_venv(which)
+
+
+# ---- reward model ---------------------------------------------------------------------------
+def rm_spec(config: dict, steps: int, warmup: int) -> dict:
+    models = workload.build_models(WORK, config["size"])
+    rows = (steps + warmup) * config["batch_size"]
+    data = workload.write_pairs(WORK, config["length"], rows)
+    return {**RM_OPTIM, "model_dir": models["reward"], "data": data, "batch_size": config["batch_size"], "steps": steps, "warmup_steps": warmup}
+
+
+def run_rm(args, impls: list[str]) -> list[dict]:
+    rows = []
+    configs = configurations(RM_BASE, RM_AXES)
+    for repeat in range(args.repeats):
+        for config in configs:
+            spec = rm_spec(config, args.rm_steps, 3)
+            order = impls[repeat % len(impls):] + impls[: repeat % len(impls)]
+            for impl in order:
+                if impl.startswith("trl"):
+                    result = run_impl(trl_python("rm"), BENCH / "trl" / "rm_trl.py", {**spec, "mode": impl.split("-", 1)[1]}, WORK / "runs", f"rm-{impl}")
+                    times = result["iter_times_s"][-args.rm_steps + 1:]  # end to end, like ours
+                else:
+                    result = run_impl(OLINGO_PYTHON, BENCH / "rm_run.py", {**spec, "impl": impl}, WORK / "runs", f"rm-{impl}")
+                    times = result["step_times_s"]
+                row = {"bench": "rm", "config": config["name"], **config, "impl": impl, "repeat": repeat, "step_s": median(times),
+                       "pairs_per_s": config["batch_size"] / median(times), "peak_rss_mb": result["peak_rss_mb"], "final_loss": result.get("final_loss")}
+                rows.append(row)
+                print(f"rm {config['name']:>16} {impl:>13} r{repeat}: {1000 * row['step_s']:7.1f} ms/step  {row['peak_rss_mb']:6.0f} MB", flush=True)
+    return rows
+
+
+def rm_markdown(rows: list[dict], impls: list[str]) -> str:
+    out = ["## Reward-model training (fp32 unless noted; median ms per optimizer step, end to end)\n"]
+    headers = ["config", "impl", "ms/step", "pairs/s", "x minimal", "peak RSS MB"]
+    lines = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        base = median([r["step_s"] for r in rows if r["config"] == config and r["impl"] == "minimal"])
+        for impl in impls:
+            mine = [r for r in rows if r["config"] == config and r["impl"] == impl]
+            step = median([r["step_s"] for r in mine])
+            lines.append([config, impl, 1000 * step, median([r["pairs_per_s"] for r in mine]), step / base, median([r["peak_rss_mb"] for r in mine])])
+    return "\n".join(out) + table(headers, lines)
+
+
+# ---- PPO ------------------------------------------------------------------------------------
+def ppo_spec(config: dict, updates: int, warmup: int) -> dict:
+    models = workload.build_models(WORK, config["size"])
+    prompts = workload.write_prompts(WORK, 16, 256)
+    return {**PPO_ALGO, "policy_dir": models["policy"], "reward_dir": models["reward"], "value_dir": models["value"], "prompts": prompts,
+            "batch_size": config["batch_size"], "mini_batch_size": config["batch_size"] // 2, "response_length": config["response_length"],
+            "updates": updates, "warmup_updates": warmup}
+
+
+OLINGO_VARIANTS = {  # optimisations, each switchable: impl name -> (runner impl, spec changes)
+    "olingo": ("olingo", {}),
+    "olingo+reuse_logp": ("olingo", {"olingo_maker_kwargs": {"reuse_rollout_log_probs": True}}),
+    "olingo kl=0": ("olingo", {"kl_coef": 0.0}),
+    "olingo kl=0+skip_ref": ("olingo", {"kl_coef": 0.0, "olingo_maker_kwargs": {"skip_reference_when_kl_zero": True}}),
+}
+
+
+def phase_sums(result: dict) -> list[dict]:
+    """Per update: {phase: seconds} in our phase names, for our runners and TRL's alike."""
+    if isinstance(result["phase_s"], list):
+        return result["phase_s"]
+    trl = result["phase_s"]  # {trl phase: [per update]}
+    names = {"generation": "generation", "policy_forward": "actor_fwd", "ref_forward": "ref_fwd", "value_forward": "critic_fwd",
+             "reward_forward": "reward_fwd", "learning": "learn"}
+    count = len(result["update_times_s"])
+    return [{ours: trl.get(theirs, [0.0] * count)[i] for theirs, ours in names.items()} for i in range(count)]
+
+
+def ppo_row(config: dict, impl: str, repeat: int, result: dict) -> dict:
+    updates, phases = result["update_times_s"], phase_sums(result)
+    row = {"bench": "ppo", "config": config["name"], **config, "impl": impl, "repeat": repeat, "update_s": median(updates), "peak_rss_mb": result["peak_rss_mb"]}
+    for phase in (*PHASES, "learn"):
+        row[f"{phase}_s"] = median([p.get(phase, 0.0) for p in phases])
+    if "learn" not in phases[0]:
+        row["learn_s"] = row["learn_fwd_s"] + row["learn_bwd_s"] + row["learn_optim_s"]
+    model_time = [sum(p.get(k, 0.0) for k in ("generation", "actor_fwd", "ref_fwd", "critic_fwd", "reward_fwd")) + (p["learn"] if "learn" in p else p.get("learn_fwd", 0) + p.get("learn_bwd", 0) + p.get("learn_optim", 0)) for p in phases]
+    row["outside_share"] = median([1 - m / u for m, u in zip(model_time, updates, strict=True)])
+    tokens = config["batch_size"] * config["response_length"]
+    row["gen_tokens_per_s"] = tokens / row["generation_s"] if row["generation_s"] else float("nan")
+    if "gc_s" in result:
+        row["gc_s"] = median(result["gc_s"])
+    return row
+
+
+def run_ppo(args, impls: list[str]) -> list[dict]:
+    rows = []
+    configs = configurations(PPO_BASE, PPO_AXES)
+    for repeat in range(args.repeats):
+        for config in configs:
+            spec = ppo_spec(config, args.ppo_updates, 2)
+            names = impls if config["name"] == "base" else [i for i in impls if i in ("olingo", "minimal", "trl-ppo", "bare_generate")]
+            order = names[repeat % len(names):] + names[: repeat % len(names)]
+            for impl in order:
+                if impl == "trl-ppo":
+                    result = run_impl(trl_python("ppo"), BENCH / "trl" / "ppo_trl.py", {**spec, "mode": "fp32"}, WORK / "runs", "ppo-trl")
+                else:
+                    runner, changes = OLINGO_VARIANTS.get(impl, (impl, {}))
+                    result = run_impl(OLINGO_PYTHON, BENCH / "ppo_run.py", {**spec, **changes, "impl": runner}, WORK / "runs", f"ppo-{impl}")
+                row = ppo_row(config, impl, repeat, result)
+                rows.append(row)
+                print(f"ppo {config['name']:>18} {impl:>20} r{repeat}: {row['update_s']:6.3f} s/update gen {row['generation_s']:.3f} "
+                      f"learn {row['learn_s']:.3f} outside {100 * row['outside_share']:4.1f}%  {row['peak_rss_mb']:6.0f} MB", flush=True)
+    return rows
+
+
+def ppo_markdown(rows: list[dict]) -> str:
+    headers = ["config", "impl", "s/update", "x minimal", "generation", "actor fwd", "ref fwd", "critic fwd", "reward fwd", "learn",
+               "outside models", "gen tok/s", "peak RSS MB"]
+    lines = []
+    for config in dict.fromkeys(r["config"] for r in rows):
+        base = median([r["update_s"] for r in rows if r["config"] == config and r["impl"] == "minimal"])
+        for impl in dict.fromkeys(r["impl"] for r in rows if r["config"] == config):
+            mine = [r for r in rows if r["config"] == config and r["impl"] == impl]
+            m = {key: median([r[key] for r in mine]) for key in ("update_s", "generation_s", "actor_fwd_s", "ref_fwd_s", "critic_fwd_s", "reward_fwd_s", "learn_s", "outside_share", "gen_tokens_per_s", "peak_rss_mb")}
+            lines.append([config, impl, m["update_s"], m["update_s"] / base, m["generation_s"], m["actor_fwd_s"], m["ref_fwd_s"], m["critic_fwd_s"],
+                          m["reward_fwd_s"], m["learn_s"], f"{100 * m['outside_share']:.1f}%", m["gen_tokens_per_s"], m["peak_rss_mb"]])
+    intro = ("## PPO (fp32; median seconds per update and per phase; one update = generate, score, 1 PPO epoch over 2 minibatches)\n\n"
+             "`bare_generate` is `generate` alone on the same batch: its tok/s is the ceiling for the generation phase.\n\n")
+    return intro + table(headers, lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every implementation per configuration (medians are reported)")
+    parser.add_argument("--only", choices=["rm", "ppo"], help="run one benchmark")
+    parser.add_argument("--no-trl", action="store_true", help="skip TRL (no venvs are built)")
+    parser.add_argument("--rm-steps", type=int, default=30, help="timed optimizer steps per reward-model run")
+    parser.add_argument("--ppo-updates", type=int, default=8, help="timed updates per PPO run")
+    parser.add_argument("--quick", action="store_true", help="1 repeat, few steps: a smoke run, not results")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.rm_steps, args.ppo_updates = 1, 5, 2
+    WORK.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    if not args.no_trl:
+        from bench.trl.env import versions
+
+        info["extra_versions"] = {"trl (RM)": versions("rm").get("trl", "?"), "trl (PPO)": versions("ppo").get("trl", "?")}
+    start = time.time()
+    if args.only in (None, "rm"):
+        impls = ["minimal", "olingo"] + ([] if args.no_trl else ["trl-fp32", "trl-defaults"])
+        if not args.no_trl:
+            trl_python("rm")
+        rows = run_rm(args, impls)
+        print(write_results("rm", rows, info, rm_markdown(rows, impls)))
+    if args.only in (None, "ppo"):
+        impls = ["minimal", "olingo", "bare_generate", *[v for v in OLINGO_VARIANTS if v != "olingo"]] + ([] if args.no_trl else ["trl-ppo"])
+        if not args.no_trl:
+            trl_python("ppo")
+        rows = run_ppo(args, impls)
+        print(write_results("ppo", rows, info, ppo_markdown(rows)))
+    print(f"done in {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The benchmark workloads: models of two sizes and fixed token batches, written as files.
+
+Every implementation (olingo, the minimal loop, TRL) loads the same Hugging Face directories and
+the same token ids from these files, so they do exactly the same work:
+- `policy/`: a Llama causal LM with the embedded char tokenizer;
+- `reward/`, `value/`: `LlamaForSequenceClassification` (num_labels=1) from the same body, the
+  reward model and the critic (TRL's value model has this format too);
+- `pairs_L<len>.jsonl`: preference pairs {chosen_input_ids, rejected_input_ids} of one length;
+- `prompts_P<len>.jsonl`: prompts {input_ids} of one length (no padding anywhere).
+Token ids are drawn uniformly from the non-special tokens with a fixed seed. The chosen row
+differs from the rejected one by a learnable rule (it has more digits), so losses fall.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+
+import torch
+from transformers import LlamaForSequenceClassification
+
+from olingo.tasks.tiny_model import build_tiny_llama, save_pretrained_pair
+from olingo.tasks.tokenizer import build_char_tokenizer
+
+# name -> (hidden size, layers, attention heads)
+SIZES = {"h128x2": (128, 2, 4), "h256x4": (256, 4, 4)}
+
+
+def build_models(root: Path, size: str) -> dict[str, str]:
+    """policy/, reward/ and value/ directories for `size` under root/size (built once)."""
+    hidden, layers, heads = SIZES[size]
+    out = root / size
+    paths = {name: str(out / name) for name in ("policy", "reward", "value")}
+    if (out / "value" / "config.json").exists():
+        return paths
+    tokenizer = build_char_tokenizer(model_max_length=512)
+    policy = build_tiny_llama(tokenizer, hidden_size=hidden, num_layers=layers, num_heads=heads, max_position_embeddings=512, seed=0)
+    # Generation never stops early: every implementation produces exactly response_length tokens.
+    policy.generation_config.eos_token_id = None
+    save_pretrained_pair(policy, tokenizer, paths["policy"])
+    for seed, name in ((1, "reward"), (2, "value")):
+        config = copy.deepcopy(policy.config)
+        config.num_labels = 1
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForSequenceClassification(config)
+        save_pretrained_pair(model, tokenizer, paths[name])
+    return paths
+
+
+def content_token_ids() -> tuple[list[int], list[int]]:
+    """Ids of ordinary characters, and the digit ids among them."""
+    tokenizer = build_char_tokenizer()
+    special = set(tokenizer.all_special_ids)
+    ids = [i for i in range(len(tokenizer)) if i not in special]
+    digits = [tokenizer.convert_tokens_to_ids(c) for c in "0123456789"]
+    return ids, digits
+
+
+def write_pairs(root: Path, length: int, rows: int, seed: int = 0) -> str:
+    """`rows` preference pairs of `length` tokens each; chosen rows are digit-rich."""
+    path = root / f"pairs_L{length}_n{rows}.jsonl"
+    if path.exists():
+        return str(path)
+    ids, digits = content_token_ids()
+    rng = random.Random(seed)
+    with path.open("w") as handle:
+        for _ in range(rows):
+            chosen = [rng.choice(digits) if rng.random() < 0.5 else rng.choice(ids) for _ in range(length)]
+            rejected = [rng.choice(ids) for _ in range(length)]
+            handle.write(json.dumps({"chosen_input_ids": chosen, "rejected_input_ids": rejected}) + "\n")
+    return str(path)
+
+
+def write_prompts(root: Path, length: int, rows: int, seed: int = 0) -> str:
+    """`rows` prompts of `length` tokens each."""
+    path = root / f"prompts_P{length}_n{rows}.jsonl"
+    if path.exists():
+        return str(path)
+    ids, _ = content_token_ids()
+    rng = random.Random(seed)
+    with path.open("w") as handle:
+        for _ in range(rows):
+            handle.write(json.dumps({"input_ids": [rng.choice(ids) for _ in range(length)]}) + "\n")
+    return str(path)
+
+
+def read_jsonl(path: str) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,297 @@
+"""`olingo plan`: will a stage's config fit on one device? Memory per device, before the run.
+
+Per trained model (SFT's model, the reward model, PPO's actor and critic):
+
+    weights      P x bytes(param dtype); fsdp: / world size
+    gradients    T x bytes(param dtype)                  T = trainable parameters (LoRA: adapters + heads)
+    optimizer    AdamW m and v: 2 x T x bytes(param dtype) (torch keeps them in the parameter's dtype);
+                 under fsdp mixed precision the sharded parameters are the fp32 master copy
+    activations  tokens x per-token bytes (below), one micro-batch; never divided by world size
+
+Frozen models (PPO's reference and reward model) count their weights only, replicated on every
+rank; PPO also counts the KV cache of generation, layers x 2 x kv_heads x head_dim x (prompt +
+response) x rollout batch x bytes. PPO generates and learns at different times: its peak is the
+trained models' weights and optimizer states plus the larger of (frozen weights + KV cache) and
+(gradients + activations of the larger of actor and critic, + frozen weights unless parked on the CPU).
+
+Activations follow the counting method of Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", section 4.1: the bytes of every tensor autograd keeps
+for backward. Their 34sbh + 5as^2b is for GPT (4h GELU MLP, dropout, LayerNorm); for the Llama-family
+decoder layer as transformers runs it (RMSNorm, SwiGLU, SDPA attention, no dropout) the same
+count, taken with `torch.autograd.graph.saved_tensors_hooks`, is per token and layer:
+
+    (8h + 4i + 2kv + r n) x act_bytes + (heads + 2) x 4
+    h hidden, i MLP width, kv = kv_heads x head_dim, n LoRA-adapted linear layers of rank r
+
+plus, once per token, 3h x act_bytes (final norm) and 4V (fp32 log-softmax over the vocabulary;
+reward models and critics have no vocabulary head). Gradient checkpointing keeps only each
+layer's input (h) and recomputes one layer at a time during backward. docs/plan.md compares these
+numbers with measured peaks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+from olingo.config import ConfigError, load_config
+from olingo.models.loading import resolve_dtype
+from olingo.models.reward_model import RewardModel
+from olingo.recipes.common import packaged_config, resolve_path
+from olingo.recipes.ppo import PPOConfig
+from olingo.recipes.rm import RMConfig
+from olingo.recipes.sft import SFTConfig
+
+STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig}
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs to know about one model, read from its config on the meta device."""
+
+    params: int  # every parameter (tied ones once)
+    trainable: int  # parameters the optimizer updates
+    hidden: int
+    layers: int
+    heads: int
+    kv_dim: int  # kv_heads x head_dim
+    intermediate: int
+    vocab: int
+    lora_width: int  # r x LoRA-adapted linear layers per decoder layer (0 without LoRA)
+
+
+@dataclass(frozen=True)
+class Row:
+    component: str
+    nbytes: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element of stored weights (and their gradients and AdamW states) and of activations."""
+
+    param: int
+    act: int
+
+
+def model_shape(path: str, *, reward: bool, lora=None, trust_remote_code: bool = False) -> ModelShape:  # noqa: ANN001 - LoraSettings
+    """Count a model's parameters on the meta device (no weights are read) from its config.json.
+
+    `reward`: the model is a reward model or critic (sequence-classification head, no LM head).
+    `lora`: LoraSettings; when enabled, trainable parameters are the adapters (+ head) peft injects.
+    """
+    try:
+        config = AutoConfig.from_pretrained(resolve_path(path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"plan: cannot read the model config of '{path}': {err}") from None
+    with torch.device("meta"):
+        if reward:
+            config.num_labels = 1
+            model = RewardModel(AutoModelForSequenceClassification.from_config(config, trust_remote_code=trust_remote_code))
+        else:
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        if lora is not None:
+            model = lora.apply(model)
+    return _shape_of(model, config, lora)
+
+
+def _shape_of(model: torch.nn.Module, config, lora) -> ModelShape:  # noqa: ANN001
+    params = list(model.parameters())
+    layers = config.num_hidden_layers
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    adapted = sum(1 for name, _ in model.named_parameters() if name.endswith("lora_A.default.weight"))
+    return ModelShape(
+        params=sum(p.numel() for p in params),
+        trainable=sum(p.numel() for p in params if p.requires_grad),
+        hidden=config.hidden_size,
+        layers=layers,
+        heads=heads,
+        kv_dim=(getattr(config, "num_key_value_heads", None) or heads) * head_dim,
+        intermediate=getattr(config, "intermediate_size", 4 * config.hidden_size),
+        vocab=config.vocab_size,
+        lora_width=(lora.r * adapted // layers) if lora is not None and lora.enabled else 0,
+    )
+
+
+def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, *, lm_head: bool, checkpointing: bool) -> float:
+    """Bytes autograd keeps for backward over `tokens` tokens of one micro-batch (see module doc)."""
+    h = shape.hidden
+    layer = (8 * h + 4 * shape.intermediate + 2 * shape.kv_dim + shape.lora_width) * act_bytes + (shape.heads + 2) * 4
+    head = 3 * h * act_bytes + (4 * shape.vocab if lm_head else 0)
+    if checkpointing:  # each layer's input stays; one layer is recomputed at a time in backward
+        return tokens * (shape.layers * h * act_bytes + layer + head)
+    return tokens * (shape.layers * layer + head)
+
+
+def trained_rows(name: str, shape: ModelShape, prec: Precision, shards: int, offload: bool = False) -> list[Row]:
+    """Weights, gradients and AdamW state of one trained model, per device (none of it on the
+    device under FSDP's CPU offload)."""
+    lora = " (LoRA: adapters and heads)" if shape.trainable < shape.params else ""
+    where = f" / {shards} ranks" if shards > 1 else ""
+    scale = 0.0 if offload else 1.0 / shards
+    where += ", in CPU memory (plugin.cpu_offload)" if offload else ""
+    return [
+        Row(f"{name} weights", shape.params * prec.param * scale, f"{count(shape.params)} params x {prec.param} B{where}"),
+        Row(f"{name} gradients", shape.trainable * prec.param * scale, f"{count(shape.trainable)} trainable{lora}"),
+        Row(f"{name} optimizer", 2 * shape.trainable * prec.param * scale, "AdamW m and v"),
+    ]
+
+
+def precision(model_dtype: str, plugin) -> Precision:  # noqa: ANN001 - PluginConfig
+    """Stored and activation bytes: fsdp mixed precision keeps fp32 masters and computes in 16 bits."""
+    param = resolve_dtype(model_dtype).itemsize
+    mixed = getattr(plugin, "mixed_precision", "fp32")
+    if plugin.name == "fsdp" and mixed != "fp32":  # the config's intent; CPU runs compute in fp32 anyway
+        return Precision(param=4, act=2)
+    return Precision(param=param, act=param)
+
+
+def shards_of(plugin, world_size: int) -> int:  # noqa: ANN001
+    """FSDP shards weights, gradients and optimizer state over the ranks; DDP replicates them."""
+    return world_size if plugin.name == "fsdp" else 1
+
+
+# ---- one function per stage -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    stage: str
+    rows: list[Row]
+    total: float  # peak bytes per device
+    world_size: int
+
+
+def plan_sft(cfg, world_size: int) -> Plan:  # noqa: ANN001 - SFTConfig
+    """One causal LM trained on micro-batches of batch_size x max_length tokens."""
+    m = cfg.model
+    shape = model_shape(m.path, reward=False, lora=m.lora, trust_remote_code=m.trust_remote_code)
+    prec, shards = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size)
+    tokens = cfg.train.batch_size * cfg.data.max_length
+    rows = trained_rows("model", shape, prec, shards, cpu_offload(cfg.plugin))
+    rows.append(Row("activations", activation_bytes(shape, tokens, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing),
+                    f"{cfg.train.batch_size} x {cfg.data.max_length} tokens" + (", checkpointed" if m.gradient_checkpointing else "")))
+    return Plan("sft", rows, sum(r.nbytes for r in rows), world_size)
+
+
+def plan_rm(cfg, world_size: int) -> Plan:  # noqa: ANN001 - RMConfig
+    """A reward model; chosen and rejected rows go through one forward (2 x batch_size rows)."""
+    m = cfg.model
+    shape = model_shape(m.path, reward=True, lora=m.lora, trust_remote_code=m.trust_remote_code)
+    prec, shards = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size)
+    tokens = 2 * cfg.train.batch_size * cfg.data.max_length
+    rows = trained_rows("reward model", shape, prec, shards, cpu_offload(cfg.plugin))
+    rows.append(Row("activations", activation_bytes(shape, tokens, prec.act, lm_head=False, checkpointing=m.gradient_checkpointing),
+                    f"2 x {cfg.train.batch_size} x {cfg.data.max_length} tokens (chosen + rejected)"))
+    return Plan("rm", rows, sum(r.nbytes for r in rows), world_size)
+
+
+def plan_ppo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - PPOConfig
+    """Actor and critic trained, reference and reward model frozen, plus generation's KV cache."""
+    m, algo = cfg.model, cfg.ppo
+    common = dict(lora=m.lora, trust_remote_code=m.trust_remote_code)
+    actor = model_shape(m.actor, reward=False, **common)
+    critic = model_shape(m.critic or cfg.reward.model or m.actor, reward=True, **common)
+    prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
+    seq = cfg.data.max_prompt_length + cfg.generation.max_new_tokens
+    trained = trained_rows("actor", actor, prec, shards, offload) + trained_rows("critic", critic, prec, shards, offload)
+    frozen = frozen_rows(cfg, park=algo.offload_inference_models)
+    kv = actor.layers * 2 * actor.kv_dim * seq * algo.rollout_batch_size * prec.act
+    tokens = algo.train_batch_size * seq
+    acts = [activation_bytes(s, tokens, prec.act, lm_head=head, checkpointing=m.gradient_checkpointing) for s, head in ((actor, True), (critic, False))]
+    rows = [*trained, *frozen, Row("KV cache (generation)", kv, f"{algo.rollout_batch_size} rollouts x {seq} tokens"),
+            Row("activations (learning)", max(acts), f"{algo.train_batch_size} x {seq} tokens, actor and critic in turn")]
+    states = sum(r.nbytes for r in trained if not r.component.endswith("gradients"))
+    grads = sum(r.nbytes for r in trained if r.component.endswith("gradients"))
+    frozen_bytes = sum(r.nbytes for r in frozen)
+    # Generating needs the frozen models on the device; learning too unless they are parked on the CPU.
+    learning = grads + max(acts) + (0 if algo.offload_inference_models else frozen_bytes)
+    return Plan("ppo", rows, states + max(frozen_bytes + kv, learning), world_size)
+
+
+def frozen_rows(cfg, park: bool) -> list[Row]:  # noqa: ANN001 - PPOConfig
+    """Weights of the reference and the reward model: replicated on every rank, never sharded."""
+    m = cfg.model
+    nbytes = resolve_dtype(m.dtype).itemsize
+    note = "frozen, replicated" + (", on the CPU while learning" if park else "")
+    paths = [("reference", m.reference or m.actor, False)] + ([("reward model", cfg.reward.model, True)] if cfg.reward.model else [])
+    return [Row(f"{name} weights", model_shape(path, reward=reward, trust_remote_code=m.trust_remote_code).params * nbytes, note) for name, path, reward in paths]
+
+
+def cpu_offload(plugin) -> bool:  # noqa: ANN001 - PluginConfig
+    return plugin.name == "fsdp" and getattr(plugin, "cpu_offload", False)
+
+
+PLANNERS = {"sft": plan_sft, "rm": plan_rm, "ppo": plan_ppo}
+
+
+# ---- config, device, table ----------------------------------------------------------------------
+def load_stage_config(path: str | None, overrides: Sequence[str], stage: str | None):  # noqa: ANN201 - a stage config
+    """(stage, config): `stage` as given; else the one stage whose strict config accepts the file,
+    and when several do (sft and rm share every section), the one the file's name names."""
+    models = STAGE_CONFIGS
+    if stage is not None:
+        return stage, load_config(models[stage], path or packaged_config(f"{stage}_tiny.yaml"), list(overrides))
+    if path is None:
+        raise ConfigError("plan: pass --config FILE (or --stage for a packaged config)")
+    fits, errors = {}, {}
+    for name, model in models.items():
+        try:
+            fits[name] = load_config(model, path, list(overrides))
+        except ConfigError as err:
+            errors[name] = err
+    named = [name for name in models if name in Path(path).stem.lower().replace("-", "_").split("_")]
+    chosen = list(fits) if len(fits) == 1 else [n for n in named if n in fits]
+    if len(chosen) == 1:
+        return chosen[0], fits[chosen[0]]
+    if not fits:
+        raise errors[named[0]] if len(named) == 1 else ConfigError("\n".join(f"as {n}: {e}" for n, e in errors.items()))
+    raise ConfigError(f"plan: {path} is a valid {' and '.join(sorted(fits))} config: pass --stage")
+
+
+def device_memory() -> tuple[int, str]:
+    """Memory of one device: the first CUDA GPU's, else this machine's RAM."""
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return props.total_memory, f"CUDA {props.name}"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "system RAM (no CUDA device)"
+
+
+def count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def human(nbytes: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def format_plan(plan: Plan, device_bytes: int, device_name: str) -> str:
+    """The table `olingo plan` prints: one row per component, the peak total and the device."""
+    lines = [f"stage {plan.stage}, world size {plan.world_size}: memory per device", f"{'component':<26}{'bytes':>14}  note"]
+    lines += [f"{r.component:<26}{human(r.nbytes):>14}  {r.note}" for r in plan.rows]
+    lines.append(f"{'total (peak)':<26}{human(plan.total):>14}")
+    lines.append(f"{'device':<26}{human(device_bytes):>14}  {device_name}")
+    return "\n".join(lines)
+
+
+def run_plan(config: str | None, overrides: Sequence[str], *, stage: str | None = None, world_size: int = 1) -> tuple[Plan, str, bool]:
+    """Estimate, format, and say whether the peak fits in one device's memory."""
+    if world_size < 1:
+        raise ConfigError("plan: --world-size must be at least 1")
+    stage, cfg = load_stage_config(config, overrides, stage)
+    plan = PLANNERS[stage](cfg, world_size)
+    device_bytes, device_name = device_memory()
+    return plan, format_plan(plan, device_bytes, device_name), plan.total <= device_bytes

@@ -1,0 +1,42 @@
+"""The benchmark runners work and compare like with like (no timings are asserted here)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from bench import workload
+from bench.common import BENCH, run_impl
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    return root, workload.build_models(root, "h128x2")
+
+
+def test_olingo_reward_model_trainer_computes_what_the_minimal_loop_computes(work):
+    root, models = work
+    spec = {"model_dir": models["reward"], "data": workload.write_pairs(root, 16, 24), "batch_size": 4, "steps": 4, "warmup_steps": 2,
+            "lr": 1e-3, "weight_decay": 0.1, "adam_betas": [0.9, 0.95], "max_grad_norm": 1.0, "warmup_ratio": 0.2, "min_lr_ratio": 0.1,
+            "seed": 0, "threads": 1}
+    results = {impl: run_impl(sys.executable, BENCH / "rm_run.py", {**spec, "impl": impl}, root / "runs", impl) for impl in ("olingo", "minimal")}
+    assert len(results["olingo"]["step_times_s"]) == len(results["minimal"]["step_times_s"]) == 4
+    # same model, batches, loss, optimizer groups, clipping and schedule: the same loss after 6 steps
+    assert results["olingo"]["final_loss"] == pytest.approx(results["minimal"]["final_loss"], abs=1e-5)
+    assert all(r["peak_rss_mb"] > 50 for r in results.values())
+
+
+def test_ppo_runners_time_every_phase(work):
+    root, models = work
+    spec = {"policy_dir": models["policy"], "reward_dir": models["reward"], "value_dir": models["value"],
+            "prompts": workload.write_prompts(root, 8, 16), "batch_size": 4, "mini_batch_size": 2, "ppo_epochs": 1, "response_length": 6,
+            "temperature": 1.0, "kl_coef": 0.05, "cliprange": 0.2, "vf_coef": 0.1, "cliprange_value": 0.2, "gamma": 1.0, "lam": 0.95,
+            "lr": 1e-5, "updates": 2, "warmup_updates": 1, "seed": 0, "threads": 1}
+    for impl in ("olingo", "minimal"):
+        result = run_impl(sys.executable, BENCH / "ppo_run.py", {**spec, "impl": impl}, root / "runs", impl)
+        assert len(result["update_times_s"]) == 2
+        for update, phases in zip(result["update_times_s"], result["phase_s"], strict=True):
+            assert {"generation", "actor_fwd", "ref_fwd", "critic_fwd", "reward_fwd", "learn_fwd", "learn_bwd", "learn_optim"} <= set(phases), impl
+            assert sum(phases.values()) < update
