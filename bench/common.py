@@ -8,6 +8,7 @@ medians, so a slow spell of the machine hits every implementation alike.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -101,3 +102,20 @@ def table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def runner_main(doc: str, runners: dict, finish) -> None:
+    """The command line of a runner script: `--spec S --out R`; seeds, sets threads, runs
+    `runners[spec["impl"]]` and writes `finish(spec, output)` as JSON to R."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    spec = json.loads(Path(args.spec).read_text())
+    import torch
+
+    torch.manual_seed(spec["seed"])
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    output = runners[spec["impl"]](spec)
+    Path(args.out).write_text(json.dumps(finish(spec, output)))

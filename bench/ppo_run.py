@@ -13,12 +13,9 @@ Phases come from `bench.phases.PhaseClock`, installed the same way for every imp
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from transformers import (
@@ -28,7 +25,7 @@ from transformers import (
     GenerationConfig,
 )
 
-from bench.common import peak_rss_mb
+from bench.common import peak_rss_mb, runner_main
 from bench.phases import PhaseClock
 from bench.workload import read_jsonl
 
@@ -49,6 +46,7 @@ def optimizer_steps(spec: dict) -> int:
 # ---- olingo ---------------------------------------------------------------------------------
 def run_olingo(spec: dict, clock: PhaseClock | None) -> dict:
     from olingo.booster import Booster, SingleProcessPlugin
+    from olingo.dataset.prompts import PromptCollator
     from olingo.models.critic import Critic
     from olingo.models.loading import load_causal_lm
     from olingo.models.reward_model import RewardModel
@@ -93,8 +91,6 @@ def run_olingo(spec: dict, clock: PhaseClock | None) -> dict:
     )
     batches = prompt_batches(spec)
     rows = [{"input_ids": b.tolist(), "gt_answer": None} for batch in batches for b in batch]
-    from olingo.dataset.prompts import PromptCollator
-
     loader = actor_booster.plugin.prepare_dataloader(rows, spec["batch_size"], shuffle=False, collate_fn=PromptCollator(tokenizer.pad_token_id), drop_last=True)
     with tempfile.TemporaryDirectory() as run_dir:
         trainer.fit(num_episodes=len(batches), num_collect_steps=1, num_update_steps=spec["ppo_epochs"], prompt_dataloader=loader, log_dir=run_dir)
@@ -185,22 +181,15 @@ def run_bare_generate(spec: dict, clock: PhaseClock | None) -> dict:
     return {"update_times_s": marks, "phase_s": [{"generation": m} for m in marks]}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    spec = json.loads(Path(args.spec).read_text())
-    torch.manual_seed(spec["seed"])
-    if spec.get("threads"):
-        torch.set_num_threads(spec["threads"])
-    clock = PhaseClock() if spec.get("phases", True) else None
-    run = {"olingo": run_olingo, "minimal": run_minimal, "bare_generate": run_bare_generate}[spec["impl"]]
-    result = run(spec, clock)
+def run(impl):
+    """The runner for `impl`, timing phases unless the spec says `"phases": false`."""
+    return lambda spec: impl(spec, PhaseClock() if spec.get("phases", True) else None)
+
+
+def finish(spec: dict, output: dict) -> dict:
     warm = spec["warmup_updates"]
-    result = {"impl": spec["impl"], "update_times_s": result["update_times_s"][warm:], "phase_s": result["phase_s"][warm:], "peak_rss_mb": peak_rss_mb()}
-    Path(args.out).write_text(json.dumps(result))
+    return {"impl": spec["impl"], "update_times_s": output["update_times_s"][warm:], "phase_s": output["phase_s"][warm:], "peak_rss_mb": peak_rss_mb()}
 
 
 if __name__ == "__main__":
-    main()
+    runner_main(__doc__, {"olingo": run(run_olingo), "minimal": run(run_minimal), "bare_generate": run(run_bare_generate)}, finish)

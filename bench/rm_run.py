@@ -12,18 +12,15 @@ consecutive optimizer steps: it includes fetching the batch and everything the l
 
 from __future__ import annotations
 
-import argparse
-import json
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from bench.common import peak_rss_mb
+from bench.common import peak_rss_mb, runner_main
 from bench.workload import read_jsonl
 
 
@@ -105,20 +102,11 @@ def run_minimal(spec: dict) -> tuple[list[float], float]:
     return ends, float(loss)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    spec = json.loads(Path(args.spec).read_text())
-    torch.manual_seed(spec["seed"])
-    if spec.get("threads"):
-        torch.set_num_threads(spec["threads"])
-    ends, final_loss = {"olingo": run_olingo, "minimal": run_minimal}[spec["impl"]](spec)
+def finish(spec: dict, output: tuple[list[float], float]) -> dict:
+    ends, final_loss = output
     times = [b - a for a, b in zip(ends, ends[1:], strict=False)][spec["warmup_steps"] - 1 :]
-    result = {"impl": spec["impl"], "step_times_s": times, "peak_rss_mb": peak_rss_mb(), "final_loss": final_loss}
-    Path(args.out).write_text(json.dumps(result))
+    return {"impl": spec["impl"], "step_times_s": times, "peak_rss_mb": peak_rss_mb(), "final_loss": final_loss}
 
 
 if __name__ == "__main__":
-    main()
+    runner_main(__doc__, {"olingo": run_olingo, "minimal": run_minimal}, finish)

@@ -103,10 +103,14 @@ OLINGO_VARIANTS = {  # optimisations, each switchable: impl name -> (runner impl
 }
 
 
+MODEL_PHASES = ("generation", "actor_fwd", "ref_fwd", "critic_fwd", "reward_fwd", "learn")
+
+
 def phase_sums(result: dict) -> list[dict]:
-    """Per update: {phase: seconds} in our phase names, for our runners and TRL's alike."""
+    """Per update: {phase: seconds} in our phase names, for our runners and TRL's alike;
+    `learn` is forwards with gradients + backward + optimizer steps."""
     if isinstance(result["phase_s"], list):
-        return result["phase_s"]
+        return [{**p, "learn": p.get("learn_fwd", 0.0) + p.get("learn_bwd", 0.0) + p.get("learn_optim", 0.0)} for p in result["phase_s"]]
     trl = result["phase_s"]  # {trl phase: [per update]}
     names = {"generation": "generation", "policy_forward": "actor_fwd", "ref_forward": "ref_fwd", "value_forward": "critic_fwd",
              "reward_forward": "reward_fwd", "learning": "learn"}
@@ -119,9 +123,7 @@ def ppo_row(config: dict, impl: str, repeat: int, result: dict) -> dict:
     row = {"bench": "ppo", "config": config["name"], **config, "impl": impl, "repeat": repeat, "update_s": median(updates), "peak_rss_mb": result["peak_rss_mb"]}
     for phase in (*PHASES, "learn"):
         row[f"{phase}_s"] = median([p.get(phase, 0.0) for p in phases])
-    if "learn" not in phases[0]:
-        row["learn_s"] = row["learn_fwd_s"] + row["learn_bwd_s"] + row["learn_optim_s"]
-    model_time = [sum(p.get(k, 0.0) for k in ("generation", "actor_fwd", "ref_fwd", "critic_fwd", "reward_fwd")) + (p["learn"] if "learn" in p else p.get("learn_fwd", 0) + p.get("learn_bwd", 0) + p.get("learn_optim", 0)) for p in phases]
+    model_time = [sum(p.get(k, 0.0) for k in MODEL_PHASES) for p in phases]
     row["outside_share"] = median([1 - m / u for m, u in zip(model_time, updates, strict=True)])
     tokens = config["batch_size"] * config["response_length"]
     row["gen_tokens_per_s"] = tokens / row["generation_s"] if row["generation_s"] else float("nan")
