@@ -2,8 +2,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+DEMO_ARGS ?=
 
-.PHONY: demo test lint bench clean
+.PHONY: demo extras test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,12 +16,19 @@ $(VENV)/.installed-demo: requirements.txt pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $@
 
-$(VENV)/.installed-test: requirements.txt requirements-test.txt pyproject.toml $(VENV)/.installed-demo
+# The optional features (Ray mode, LoRA, W&B), pinned; `make extras` adds them to the demo's .venv.
+$(VENV)/.installed-extras: requirements-extras.txt $(VENV)/.installed-demo
+	$(BIN)/python -m pip install --quiet -r requirements-extras.txt
+	touch $@
+
+$(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed-extras
 	$(BIN)/python -m pip install --quiet -r requirements-test.txt
 	touch $@
 
+extras: $(VENV)/.installed-extras
+
 demo: $(VENV)/.installed-demo
-	$(BIN)/olingo demo
+	$(BIN)/olingo demo $(DEMO_ARGS)
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q

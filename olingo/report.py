@@ -4,10 +4,26 @@
 
 | file          | written when                    | shows                                              |
 |---------------|---------------------------------|----------------------------------------------------|
-| `reward.png`  | a reward metric is logged       | `*/reward*` curves, a ±std band where `*_std` exists |
-| `kl.png`      | `rollout/kl` is logged          | KL per step, `rollout/kl_coef` on a second y axis  |
-| `loss.png`    | a metric ending in "loss" exists | every `*loss` metric (train and eval), one line each |
+| `reward.png`  | a reward metric is logged       | `*/reward*` curves, a ±std band where `*_std` exists and does not swamp the mean |
+| `kl.png`      | `rollout/kl` is logged, not off | KL per step; an adaptive `rollout/kl_coef` on a second y axis |
+| `loss.png`    | a loss that is on exists        | one panel per loss (`loss`, `policy_loss`, `value_loss`, ...), train and eval lines in it |
 | `<ns>.png`    | namespace `<ns>` has metrics    | one small panel per metric of `train/`, `rollout/`, `eval/`, `perf/`, `time/`, ... |
+
+What is drawn, and why (each figure says in its text what it left out):
+- Each loss has its own panel and y axis, so a value-loss spike cannot flatten the policy loss.
+  The panel holds the train and eval series of the same loss, which are meant to be compared.
+- A term that is off is not drawn: a loss (`*loss`) or `*/kl` that is exactly 0 at every logged
+  step (PPO logs `train/ptx_loss` 0 without pretrain data, and `rollout/kl` 0 when the reference
+  forward is skipped at kl_coef 0), or a loss `<ns>/<x>_loss` whose coefficient `*/<x>_coef` is
+  logged and 0 throughout.
+- A ±std band around a mean reward is drawn only when its median half-width is at most the range
+  the mean moves over (max - min of the logged means). A wider band (PPO's rollout reward is a
+  0/1 score: its std dwarfs the mean's movement) would set the y axis by itself and hide the
+  trend, so it is omitted and the legend says so. A flat mean therefore never gets a band.
+- A KL coefficient that is constant for the whole run is a setting, not a curve: it goes into
+  the KL figure's title; only an adaptive (varying) one is drawn, on a second y axis labelled
+  "adaptive". In the namespace grids a metric constant over two or more points is titled with
+  its value ("= 0.05, constant"), and so is a single point (one evaluation).
 
 Figures are drawn on `matplotlib.figure.Figure` objects with an explicit Agg canvas, never
 through pyplot's global state, so reports are safe in tests, threads and headless servers.
@@ -16,8 +32,11 @@ through pyplot's global state, so reports are safe in tests, threads and headles
 An experiment directory (it holds `result.json`, written by `olingo experiment run`) gets
 `write_experiment_report(exp_dir)`: one PNG per metric in `<exp_dir>/plots/`, with one curve per
 arm (the mean over its seeds' completed runs, continual stages as `arm/stage`) and a band of
-+- one standard deviation where two or more seeds logged the step; and
-`format_experiment_table(result)`: each final metric's mean +- std over the repeats, per arm.
++- one standard deviation where two or more seeds logged the step. Benchmark curves end with the
+post-training score (the one the table and conclusion use), placed at the run's last step:
+`metrics.jsonl` holds only in-loop scores at multiples of `run_every`. And
+`format_experiment_table(result)`: each arm's stage, then each final metric's mean +- std over
+the repeats, per arm.
 """
 
 from __future__ import annotations
@@ -36,7 +55,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from olingo.experiment.results import ArmResult, ExperimentResult, aggregate
+from olingo.experiment.results import ArmResult, ExperimentResult, aggregate, final_runs
 from olingo.trainer.callbacks.builtin import read_metrics
 from olingo.trainer.callbacks.builtin._common import format_number
 from olingo.trainer.callbacks.builtin.jsonl import RESERVED_KEYS
@@ -44,13 +63,18 @@ from olingo.trainer.callbacks.builtin.jsonl import RESERVED_KEYS
 __all__ = [
     "Series",
     "band_over_seeds",
+    "band_swamps_mean",
     "format_experiment_table",
     "format_summary",
+    "is_constant",
     "is_experiment_dir",
     "load_experiment_result",
     "load_series",
     "moving_average",
+    "off_reason",
+    "scoring_stages",
     "summarize",
+    "with_final_benchmarks",
     "write_experiment_report",
     "write_report",
 ]
@@ -67,6 +91,7 @@ AUTO_SMOOTH_FRACTION = 20
 # Sparse curves (evaluations) get markers so that single points stay visible.
 MARKER_MAX_POINTS = 30
 GRID_COLUMNS = 4
+LOSS_COLUMNS = 3
 # Schedules are exact, not noisy: averaging would only blur their warmup and jumps.
 UNSMOOTHED_LEAVES = ("lr", "kl_coef")
 
@@ -101,29 +126,43 @@ def load_series(run_dir: str | Path) -> dict[str, Series]:
     """Every numeric metric of `<run_dir>/metrics.jsonl`, keyed by label, in plotting order.
 
     Rows without a numeric `step`, and values that are not finite numbers (strings, null,
-    booleans, NaN), are skipped; a metric may be missing from any number of rows.
+    booleans, NaN), are skipped; a metric may be missing from any number of rows. An eval
+    metric's label names its evaluator only when two evaluators log that same metric.
     """
     path = Path(run_dir) / METRICS_FILE
     rows = _read_rows(path)
-    several_evals = len({r.get("eval_name") for r in rows if r.get("split") == "eval"}) > 1
+    shared = _metrics_of_several_evaluators(rows)
     series: dict[str, Series] = {}
     for row in rows:
         step = row.get("step")
         if not _is_number(step):
             continue
-        suffix = (
-            f" [{row.get('eval_name')}]" if several_evals and row.get("split") == "eval" else ""
-        )
+        is_eval = row.get("split") == "eval"
         for metric, value in row.items():
             if metric in RESERVED_KEYS or not _is_number(value):
                 continue
-            label = metric + suffix
+            label = f"{metric} [{row.get('eval_name')}]" if is_eval and metric in shared else metric
             entry = series.setdefault(label, Series(metric, label))
             entry.steps.append(step)
             entry.values.append(float(value))
     if not series:
         raise ValueError(f"{path}: {len(rows)} rows but no numeric metrics in them yet")
     return dict(sorted(series.items(), key=lambda item: _plot_order(item[1])))
+
+
+def _metrics_of_several_evaluators(rows: list[dict[str, Any]]) -> set[str]:
+    """Eval metrics logged by two or more evaluators (`eval/loss` of `heldout` and `ood`).
+
+    Only these need the evaluator in their label: naming it for every metric as soon as a
+    run has two evaluators would give an experiment's seeds different labels for the same
+    curve whenever one seed ran an evaluator the other did not.
+    """
+    names: dict[str, set[Any]] = {}
+    for row in rows:
+        if row.get("split") == "eval":
+            for metric in row:
+                names.setdefault(metric, set()).add(row.get("eval_name"))
+    return {metric for metric, evaluators in names.items() if len(evaluators) > 1}
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
@@ -217,17 +256,66 @@ def _smoothing_window(n_points: int, smooth: int | None) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# What is worth drawing
+
+
+def is_constant(series: Series) -> bool:
+    """Whether `series` holds one value at two or more points (a single point is not a trend)."""
+    return len(series.values) > 1 and min(series.values) == max(series.values)
+
+
+def _varies(series: Series) -> bool:
+    return min(series.values) != max(series.values)
+
+
+def off_reason(series: Series, all_series: dict[str, Series]) -> str | None:
+    """Why the loss or KL term `series` is off (not drawn), or None when it is on.
+
+    Off: exactly 0 at every logged step (a term that is not computed is logged as 0), or,
+    for `<ns>/<x>_loss`, a logged coefficient `*/<x>_coef` that is 0 throughout.
+    """
+    if not (series.leaf.endswith("loss") or series.leaf == "kl"):
+        return None
+    if all(v == 0 for v in series.values):
+        return f"{series.label} = 0 throughout"
+    stem = series.leaf.removesuffix("_loss")
+    if stem != series.leaf:
+        for coef in all_series.values():
+            if coef.leaf == f"{stem}_coef" and all(v == 0 for v in coef.values):
+                return f"{series.label} ({coef.label} = 0)"
+    return None
+
+
+def band_swamps_mean(mean: Iterable[float], std: Iterable[float]) -> bool:
+    """Whether a ±std band would swamp its mean curve: the band's median half-width is larger
+    than the range (max - min) the mean moves over, so the band would set the y axis."""
+    mean, std = np.asarray(list(mean), dtype=float), np.asarray(list(std), dtype=float)
+    return bool(np.median(std) > np.ptp(mean))
+
+
+def _split_off(members: list[Series], all_series: dict[str, Series]) -> tuple[list[Series], list[str]]:
+    """(the members that are on, why each other one is off)."""
+    reasons = {s.label: off_reason(s, all_series) for s in members}
+    return [s for s in members if reasons[s.label] is None], [r for r in reasons.values() if r]
+
+
+def _left_out_note(reasons: list[str]) -> str:
+    return "not drawn (off): " + "; ".join(reasons) if reasons else ""
+
+
+# ---------------------------------------------------------------------------------------------
 # Figures
 
 
 def write_report(run_dir: str | Path, *, smooth: int | None = None) -> list[Path]:
     """Write the run's PNG curves into `<run_dir>/plots/` and return their paths.
 
-    Order: `reward.png`, `kl.png`, `loss.png` (each only when its metrics exist), then one
-    grid per namespace (`train.png`, `rollout.png`, `eval.png`, `perf.png`, `time.png`, others).
-    `smooth`: moving-average window drawn over the faint raw curve; None picks no smoothing
-    below 50 points and about len/20 above; 0 or 1 turns smoothing off. Schedules (`*lr`,
-    `*kl_coef`) and constant curves are always drawn raw.
+    Order: `reward.png`, `kl.png`, `loss.png` (each only when its metrics exist and are on),
+    then one grid per namespace (`train.png`, `rollout.png`, `eval.png`, `perf.png`, `time.png`,
+    others). `smooth`: moving-average window drawn over the faint raw curve; None picks no
+    smoothing below 50 points and about len/20 above; 0 or 1 turns smoothing off. Schedules
+    (`*lr`, `*kl_coef`) and constant curves are always drawn raw. What is left out, and why,
+    is in the module docstring.
     Raises FileNotFoundError without `metrics.jsonl`, ValueError when it has no rows yet.
     """
     if smooth is not None and smooth < 0:
@@ -256,7 +344,8 @@ def write_report(run_dir: str | Path, *, smooth: int | None = None) -> list[Path
 
 
 def _reward_figure(series: dict[str, Series], run_name: str, smooth: int | None) -> Figure | None:
-    """Reward curves, each with a ±std band when its `*_std` sibling is logged."""
+    """Reward curves, each with a ±std band when its `*_std` sibling is logged and the band
+    does not swamp the mean (`band_swamps_mean`); an omitted band is named in the legend."""
     rewards = [s for s in series.values() if _is_reward(s)]
     if not rewards:
         return None
@@ -264,8 +353,25 @@ def _reward_figure(series: dict[str, Series], run_name: str, smooth: int | None)
     for s in rewards:
         line = _draw(ax, s, smooth)
         std = series.get(_std_name(s.metric) + s.label.removeprefix(s.metric))
-        if std is not None:
-            _draw_band(ax, s, std, line.get_color())
+        if std is None:
+            continue
+        x, y, sd = _aligned(s, std)
+        if len(x) < 2:  # a band needs two points; one eval's std has no trend to swamp
+            continue
+        if band_swamps_mean(y, sd):
+            note = (
+                f"± {std.label} not drawn: median {np.median(sd):.2g} > range of the mean "
+                f"{np.ptp(y):.2g}"
+            )
+            ax.plot([], [], " ", label=note)  # a legend entry without a line
+            continue
+        window = _window_for(s, smooth)
+        if window > 1:  # the band follows the drawn (smoothed) mean, not the faint raw one
+            y, sd = moving_average(y, window), moving_average(sd, window)
+        ax.fill_between(
+            x, y - sd, y + sd, color=line.get_color(), alpha=0.15, linewidth=0,
+            label=f"± {std.label}",
+        )
     ax.set_ylabel("reward")
     ax.legend(fontsize=8)
     return fig
@@ -280,63 +386,90 @@ def _std_name(metric: str) -> str:
     return metric.removesuffix("_mean") + "_std"
 
 
-def _draw_band(ax: Axes, mean: Series, std: Series, color: str) -> None:
-    """Shade mean ± std at the steps where both were logged."""
+def _aligned(mean: Series, std: Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, mean, std) at the steps where both were logged."""
     std_at = dict(zip(std.steps, std.values, strict=True))
     points = [
         (x, y, std_at[x]) for x, y in zip(mean.steps, mean.values, strict=True) if x in std_at
     ]
     if not points:
-        return
-    x, y, sd = (np.asarray(column) for column in zip(*points, strict=True))
-    ax.fill_between(x, y - sd, y + sd, color=color, alpha=0.15, linewidth=0, label=f"± {std.label}")
+        return np.array([]), np.array([]), np.array([])
+    x, y, sd = (np.asarray(column, dtype=float) for column in zip(*points, strict=True))
+    return x, y, sd
 
 
 def _kl_figure(series: dict[str, Series], run_name: str, smooth: int | None) -> Figure | None:
-    """Every `*/kl` curve, with the KL coefficient on a second y axis."""
-    if "rollout/kl" not in series:
+    """Every `*/kl` curve that is on; an adaptive `rollout/kl_coef` on a second y axis, a fixed
+    one in the title (a flat line on its own axis would read like a threshold for the KL)."""
+    if "rollout/kl" not in series or off_reason(series["rollout/kl"], series):
         return None
-    fig, ax = _single_axes(f"{run_name}: KL to the reference policy")
-    lines = [_draw(ax, s, smooth) for s in series.values() if s.leaf == "kl"]
+    kls = [s for s in series.values() if s.leaf == "kl" and not off_reason(s, series)]
+    coef = series.get("rollout/kl_coef")
+    title = f"{run_name}: KL to the reference policy"
+    if coef is not None and not _varies(coef):
+        title += f" (kl_coef fixed at {coef.values[0]:.4g})"
+    fig, ax = _single_axes(title)
+    lines = [_draw(ax, s, smooth) for s in kls]
     ax.set_ylabel("KL")
-    if "rollout/kl_coef" in series:
+    if coef is not None and _varies(coef):
         twin = ax.twinx()
-        coef = _draw(twin, series["rollout/kl_coef"], smooth, color="tab:red", linestyle="--")
-        lines.append(coef)
-        twin.set_ylabel("KL coefficient")
+        line = _draw(twin, coef, smooth, color="tab:red", linestyle="--")
+        line.set_label(f"{coef.label} (adaptive)")
+        lines.append(line)
+        twin.set_ylabel("KL coefficient (adaptive, right axis)")
     # The legend goes on the topmost axes so that the coefficient's line does not cover it.
     lines[-1].axes.legend(handles=lines, fontsize=8)
     return fig
 
 
 def _loss_figure(series: dict[str, Series], run_name: str, smooth: int | None) -> Figure | None:
-    losses = [s for s in series.values() if s.metric.endswith("loss")]
-    if not losses:
-        return None
-    fig, ax = _single_axes(f"{run_name}: losses")
+    """One panel per loss that is on (train and eval of the same loss share it); the losses
+    that are off are named under the panels."""
+    losses, off = _split_off([s for s in series.values() if s.metric.endswith("loss")], series)
+    panels: dict[str, list[Series]] = {}
     for s in losses:
-        _draw(ax, s, smooth)
-    ax.set_ylabel("loss")
-    ax.legend(fontsize=8)
+        panels.setdefault(s.leaf, []).append(s)
+    if not panels:
+        return None
+    ncols = min(LOSS_COLUMNS, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig = _new_figure((8, 4.5) if len(panels) == 1 else (4.6 * ncols + 0.4, 3.6 * nrows + 0.8))
+    for i, (leaf, members) in enumerate(panels.items()):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        for s in members:
+            _draw(ax, s, smooth)
+        ax.set_title(leaf, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{run_name}: losses (one axis each)")
+    note = _left_out_note(off)
+    fig.supxlabel(X_LABEL + (f"\n{note}" if note else ""), fontsize=9)
     return fig
 
 
 def _namespace_grid(
     series: dict[str, Series], namespace: str, run_name: str, smooth: int | None
-) -> Figure:
-    """One small panel per metric of `namespace`, titled with the metric's name."""
-    members = [s for s in series.values() if s.namespace == namespace]
+) -> Figure | None:
+    """One small panel per metric of `namespace`, titled with its name (and its value when it
+    is constant); terms that are off are named under the panels instead."""
+    members, off = _split_off([s for s in series.values() if s.namespace == namespace], series)
+    if not members:
+        return None
     ncols = min(GRID_COLUMNS, len(members))
     nrows = math.ceil(len(members) / ncols)
-    fig = _new_figure((3.2 * ncols + 0.4, 2.4 * nrows + 0.6))
+    fig = _new_figure((3.2 * ncols + 0.4, 2.4 * nrows + 0.8))
     for i, s in enumerate(members):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         _draw(ax, s, smooth)
-        ax.set_title(s.label, fontsize=9)
+        title = s.label
+        if is_constant(s) or len(s.values) == 1:  # the value reads better than a lone tick
+            title += f" = {s.values[0]:.4g}" + (", constant" if len(s.values) > 1 else "")
+        ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     fig.suptitle(f"{run_name}: {namespace}/")
-    fig.supxlabel(X_LABEL, fontsize=9)
+    note = _left_out_note(off)
+    fig.supxlabel(X_LABEL + (f"\n{note}" if note else ""), fontsize=9)
     return fig
 
 
@@ -406,12 +539,17 @@ def load_experiment_result(exp_dir: str | Path) -> ExperimentResult:
 
 
 def format_experiment_table(result: ExperimentResult) -> str:
-    """Each final metric as a row, each arm as a column: `mean +- std (n)` over the repeats."""
+    """Each final metric as a row, each arm as a column: `mean +- std (n)` over the repeats.
+
+    The first row is the stage that scores each arm (`sft`, `ppo`, `sft:more` for a continual
+    stage; see `ArmResult.stage_label`).
+    """
     table = aggregate(result.arms)
     arms = list(table)
     metrics = sorted({m for row in table.values() for m in row}, key=lambda m: (m != result.success_metric, m))
     header = ["metric", *arms]
-    rows = [
+    rows = [["stage", *(scoring_stages(result.arms).get(a, "-") for a in arms)]]
+    rows += [
         [m, *(f"{format_number(row[m][0])} +- {format_number(row[m][1])} ({row[m][2]})" if m in (row := table[a]) else "-" for a in arms)]
         for m in metrics
     ]
@@ -422,6 +560,17 @@ def format_experiment_table(result: ExperimentResult) -> str:
     if failed:
         text += "\nnot completed (left out): " + ", ".join(failed)
     return text
+
+
+def scoring_stages(arms: list[ArmResult]) -> dict[str, str]:
+    """Per arm, the stage label of the runs that score it (the last stage of each seed's chain),
+    joined with '/' should its seeds' chains ever differ."""
+    labels: dict[str, list[str]] = {}
+    for run in final_runs(arms):
+        seen = labels.setdefault(run.arm, [])
+        if run.stage_label not in seen:
+            seen.append(run.stage_label)
+    return {arm: "/".join(label or "?" for label in seen) for arm, seen in labels.items()}
 
 
 def band_over_seeds(series: list[Series]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -446,9 +595,36 @@ def _curves_by_arm(exp_dir: Path, arms: list[ArmResult]) -> dict[str, dict[str, 
         if arm.status != "completed" or not (run_dir / METRICS_FILE).is_file():
             continue
         label = arm.arm if arm.stage is None else f"{arm.arm}/{arm.stage}"
-        for metric, series in load_series(run_dir).items():
+        for metric, series in with_final_benchmarks(load_series(run_dir), arm).items():
             curves.setdefault(metric, {}).setdefault(label, []).append(series)
     return curves
+
+
+def with_final_benchmarks(series: dict[str, Series], arm: ArmResult) -> dict[str, Series]:
+    """`series` of one run with its post-training benchmark scores (`EvalResult.step` None)
+    appended at the run's last step, in new Series (the input is not changed).
+
+    `metrics.jsonl` holds only the in-loop scores at multiples of `run_every` (the file is
+    closed when training ends, before the final model is scored), so without this a curve
+    ends early, or is missing when `run_every` is 0, and disagrees with the table. An in-loop
+    score at that same step is replaced: the table and conclusion use the post-training one.
+    """
+    out = dict(series)
+    last_step = arm.steps or max((s.steps[-1] for s in series.values() if s.steps), default=0)
+    for result in arm.evals:
+        if result.step is not None:
+            continue
+        for key, value in result.metrics.items():
+            if not _is_number(value):
+                continue
+            metric = f"{result.name}/{key}"
+            label = next((lb for lb in (f"{metric} [{result.name}]", metric) if lb in series), metric)
+            old = out.get(label, Series(metric, label))
+            steps, values = list(old.steps), list(old.values)
+            if steps and steps[-1] == last_step:
+                steps.pop(), values.pop()
+            out[label] = Series(metric, label, [*steps, last_step], [*values, float(value)])
+    return out
 
 
 def write_experiment_report(exp_dir: str | Path, *, smooth: int | None = None) -> list[Path]:

@@ -20,7 +20,7 @@ def test_unknown_key_is_an_error_with_did_you_mean(tmp_path):
         load_config(RMConfig, path)
     with pytest.raises(ConfigError, match=r"did you mean 'epochs'"):
         load_config(RMConfig, None, ["train.epochss=2"])
-    with pytest.raises(ConfigError, match=r"did you mean 'train'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'trian.lr' \(did you mean 'train.lr'\?\)"):
         load_config(RMConfig, None, ["trian.lr=2"])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import re
 import sys
@@ -21,8 +22,23 @@ from olingo.experiment import (
     MatrixSpec,
 )
 from olingo.experiment.config import deep_merge, expand_matrix, plan_runs, render_name
-from olingo.experiment.results import aggregate, arm_scores, conclusion_line, mean_std, pick_best
-from olingo.report import Series, band_over_seeds
+from olingo.experiment.results import (
+    aggregate,
+    arm_scores,
+    conclusion_line,
+    mean_std,
+    pick_best,
+    rank_arms,
+)
+from olingo.report import (
+    Series,
+    _curves_by_arm,
+    band_over_seeds,
+    format_experiment_table,
+    load_experiment_result,
+    with_final_benchmarks,
+    write_experiment_report,
+)
 from olingo.trainer.callbacks import (
     Callback,
     build_callback,
@@ -77,7 +93,7 @@ continual:
   - {name: more, overrides: {train.epochs: 2}}
 """))
     # The PPO arm cannot take train.epochs: the error names the arm and the stage.
-    with pytest.raises(ConfigError, match=r"runs.B continual.more: unknown key 'train'"):
+    with pytest.raises(ConfigError, match=r"runs.B continual.more: unknown key 'train.epochs'"):
         plan_runs(cfg, tmp_path, tmp_path / "runs")
     cfg.continual = []
     plans = plan_runs(cfg, tmp_path, tmp_path / "runs")
@@ -140,16 +156,111 @@ def test_scores_best_arm_and_conclusion():
     ]
     scores = arm_scores(arms, "acc")
     assert scores == {"A": [0.5, 0.7], "B": [0.9], "C": [], "D": [0.95]}
-    assert pick_best(scores, "max") == ("D", 0.95)
-    assert pick_best(scores, "min") == ("A", pytest.approx(0.6))
-    assert pick_best({"A": []}, "max") == (None, None)
-    line = conclusion_line(scores, "acc", "max", "D")
-    assert line.startswith("best arm by acc (max): D 0.95 +- 0 (n=1); vs A 0.6 +- 0.14 (n=2), B 0.9 +- 0 (n=1)")
+    # D leads B, but each has one seed: no spread to tell the gap from seed noise
+    assert pick_best(scores, "max") == (None, None)
+    line = conclusion_line(scores, "acc", "max", None)
+    assert line.startswith("no clear winner by acc (max): D leads B by 0.05, but D and B have one seed")
+    assert "D 0.95 +- 0 (n=1), B 0.9 +- 0 (n=1), A 0.6 +- 0.14 (n=2)" in line
     assert line.endswith("no score for C")
-    assert "tied with B" in conclusion_line({"A": [1.0], "B": [1.0]}, "acc", "max", "A")
+    assert pick_best({"A": []}, "max") == (None, None)
     assert conclusion_line({}, None, "max", None) == "no success_metric set: no arm was ranked"
     table = aggregate(arms)
     assert table["A"]["acc"] == (pytest.approx(0.6), pytest.approx(math.sqrt(0.02)), 2) and table["C"] == {}
+
+
+def test_best_arm_is_claimed_only_when_the_gap_exceeds_the_seed_spread():
+    clear = {"A": [0.5, 0.7], "B": [0.9, 0.92]}  # gap 0.31 > std 0.14 + 0.014
+    assert pick_best(clear, "max") == ("B", pytest.approx(0.91))
+    line = conclusion_line(clear, "acc", "max", "B")
+    assert line.startswith("best arm by acc (max): B 0.91 +- 0.014 (n=2) (gap to A 0.31 > summed std 0.16); vs A 0.6 +- 0.14 (n=2)")
+    assert pick_best(clear, "min") == ("A", pytest.approx(0.6))
+
+    overlapping = {"A": [0.5, 0.9], "B": [0.75, 0.8]}  # gap 0.075 < std 0.28 + 0.035
+    assert pick_best(overlapping, "max") == (None, None)
+    line = conclusion_line(overlapping, "acc", "max", None)
+    assert line.startswith("no clear winner by acc (max): the gap between B and A (0.075) is within their summed std (0.32)")
+    assert line.endswith("B 0.775 +- 0.035 (n=2), A 0.7 +- 0.28 (n=2)")
+
+    assert pick_best({"A": [1.0, 1.0], "B": [1.0, 1.0]}, "max") == (None, None)
+    assert "A and B tie at 1" in conclusion_line({"A": [1.0], "B": [1.0]}, "acc", "max", None)
+    alone = {"A": [0.5, 0.6], "B": []}
+    assert pick_best(alone, "max") == (None, None)
+    assert conclusion_line(alone, "acc", "max", None) == (
+        "no clear winner by acc (max): only A has a score: nothing to compare it with; "
+        "A 0.55 +- 0.071 (n=2); no score for B"
+    )
+    assert [a.arm for a in rank_arms({"A": [1.0], "B": [3.0], "C": [2.0], "D": []}, "min")] == ["A", "C", "B"]
+
+
+def test_stage_label_fills_the_stage_of_every_run():
+    first = ArmResult("A__s1", {"stage": "sft"}, arm="A", seed=1)
+    more = ArmResult("A__s1__more", {"stage": "sft"}, arm="A", seed=1, stage="more")
+    assert (first.stage_label, more.stage_label) == ("sft", "sft:more")
+    assert ArmResult("x", {}, stage="more").stage_label == "more"  # an old result.json without the kind
+
+
+def test_experiment_table_names_the_stage_of_each_arm():
+    runs = [
+        ArmResult("A", {"stage": "ppo"}, "completed", metrics={"eval/reward": 0.5}, arm="A"),
+        ArmResult("B", {"stage": "sft"}, "completed", metrics={"eval/reward": 0.2}, arm="B"),
+        ArmResult("B__more", {"stage": "sft"}, "completed", metrics={"eval/reward": 0.3}, arm="B", stage="more"),
+    ]
+    table = format_experiment_table(ExperimentResult(name="e", arms=runs, success_metric="eval/reward"))
+    header, stage_row, reward_row = table.splitlines()
+    assert header.split() == ["metric", "A", "B"]
+    assert stage_row.split() == ["stage", "ppo", "sft:more"]  # B is scored by its last stage
+    assert reward_row.split()[0] == "eval/reward"
+
+
+def write_experiment(exp_dir: Path, runs: list[ArmResult], rows: dict[str, list[dict]]) -> Path:
+    """An experiment directory as `olingo experiment run` leaves it, with hand-written logs."""
+    exp_dir.mkdir(parents=True)
+    (exp_dir / "experiment.yaml").write_text("name: e\n")
+    for run in runs:
+        run.run_dir = str(exp_dir / "runs" / run.name)
+        Path(run.run_dir).mkdir(parents=True)
+        lines = [json.dumps(row) for row in rows[run.name]]
+        (Path(run.run_dir) / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    result = ExperimentResult(name="e", arms=runs, success_metric="arithmetic/accuracy")
+    (exp_dir / "result.json").write_text(json.dumps(result.to_json()))
+    return exp_dir
+
+
+def benchmark_run(name: str, seed: int, in_loop: dict[int, float], final: float, steps: int = 12) -> tuple[ArmResult, list[dict]]:
+    """A run with a train loss every step, the stage's own eval at the end, `arithmetic` scored
+    in the loop at `in_loop` steps and after training (`final`)."""
+    rows = [{"step": s, "split": "train", "train/loss": 1.0 / s} for s in range(1, steps + 1)]
+    rows += [{"step": s, "split": "eval", "eval_name": "arithmetic", "arithmetic/accuracy": v} for s, v in in_loop.items()]
+    rows += [{"step": steps, "split": "eval", "eval_name": "eval", "eval/loss": 0.5}]
+    evals = [EvalResult("arithmetic", {"accuracy": v, "n": 4}, step=s) for s, v in in_loop.items()]
+    evals.append(EvalResult("arithmetic", {"accuracy": final, "n": 4}))
+    run = ArmResult(name, {"stage": "sft"}, "completed", arm="A", seed=seed, steps=steps, evals=evals,
+                    eval_metrics={"arithmetic/accuracy": final, "arithmetic/n": 4})
+    return run, rows
+
+
+def test_experiment_curves_end_with_the_post_training_score(tmp_path):
+    # run_every 5 over 12 steps: in-loop scores at 5 and 10; the final model is scored at 12
+    a1, rows1 = benchmark_run("A__s1", 1, {5: 0.25, 10: 0.5}, final=0.75)
+    a2, rows2 = benchmark_run("A__s2", 2, {5: 0.25, 10: 0.25}, final=0.5)
+    exp_dir = write_experiment(tmp_path / "e", [a1, a2], {"A__s1": rows1, "A__s2": rows2})
+    curves = _curves_by_arm(exp_dir, load_experiment_result(exp_dir).arms)
+    steps, mean, _, n = band_over_seeds(curves["arithmetic/accuracy"]["A"])
+    assert steps.tolist() == [5, 10, 12] and mean.tolist() == [0.25, 0.375, 0.625] and n.tolist() == [2, 2, 2]
+    assert set(curves) == {"train/loss", "eval/loss", "arithmetic/accuracy", "arithmetic/n"}
+    names = sorted(p.name for p in write_experiment_report(exp_dir))
+    assert names == ["arithmetic_accuracy.png", "arithmetic_n.png", "eval_loss.png", "train_loss.png"]
+
+
+def test_final_benchmark_replaces_an_in_loop_score_at_the_last_step_and_needs_no_in_loop_curve():
+    run, _ = benchmark_run("A", 1, {6: 0.25, 12: 0.5}, final=0.75)
+    series = {"arithmetic/accuracy": Series("arithmetic/accuracy", "arithmetic/accuracy", [6, 12], [0.25, 0.5])}
+    out = with_final_benchmarks(series, run)
+    assert (out["arithmetic/accuracy"].steps, out["arithmetic/accuracy"].values) == ([6, 12], [0.25, 0.75])
+    assert series["arithmetic/accuracy"].values == [0.25, 0.5]  # the input is left alone
+    only_final, _ = benchmark_run("B", 1, {}, final=0.5)  # run_every 0: no in-loop rows at all
+    out = with_final_benchmarks({}, only_final)
+    assert (out["arithmetic/accuracy"].steps, out["arithmetic/accuracy"].values) == ([12], [0.5])
 
 
 def test_experiment_result_round_trips_through_json():

@@ -17,12 +17,17 @@ from matplotlib.image import imread
 from olingo.report import (
     Series,
     _kl_figure,
+    _loss_figure,
+    _namespace_grid,
     _reward_figure,
     _smoothing_window,
     _window_for,
+    band_swamps_mean,
     format_summary,
+    is_constant,
     load_series,
     moving_average,
+    off_reason,
     summarize,
     write_report,
 )
@@ -171,12 +176,109 @@ def test_ppo_reward_figure_has_std_band_eval_points_and_run_name(tmp_path):
     assert any(isinstance(c, PolyCollection) for c in ax.collections)
 
 
-def test_kl_figure_puts_the_coefficient_on_a_twin_axis(tmp_path):
+def test_kl_figure_puts_an_adaptive_coefficient_on_a_labelled_twin_axis(tmp_path):
     series = load_series(ppo_run(tmp_path / "ppo"))
     fig = _kl_figure(series, "ppo", None)
     kl_ax, coef_ax = fig.axes
     assert {line.get_label() for line in kl_ax.get_lines()} >= {"eval/kl"}
-    assert [line.get_label() for line in coef_ax.get_lines()] == ["rollout/kl_coef"]
+    assert [line.get_label() for line in coef_ax.get_lines()] == ["rollout/kl_coef (adaptive)"]
+    assert "adaptive" in coef_ax.get_ylabel()
+
+
+def series_of(**columns: list[float]) -> dict[str, Series]:
+    """`series_of(train__policy_loss=[...])`: metrics logged at steps 1..n, keyed by name."""
+    out = {}
+    for key, values in columns.items():
+        name = key.replace("__", "/")
+        out[name] = Series(name, name, list(range(1, len(values) + 1)), [float(v) for v in values])
+    return out
+
+
+def test_fixed_kl_coefficient_goes_in_the_title_not_on_a_twin_axis():
+    series = series_of(rollout__kl=[0.0, 0.1, 0.2, 0.15], rollout__kl_coef=[0.05] * 4)
+    fig = _kl_figure(series, "ppo", None)
+    (ax,) = fig.axes  # no second y axis whose flat line would read like a KL threshold
+    assert "kl_coef fixed at 0.05" in ax.get_title()
+    assert [line.get_label() for line in ax.get_lines()] == ["rollout/kl"]
+
+
+def test_kl_figure_is_left_out_when_the_kl_term_is_off():
+    # kl_coef 0 skips the reference forward: the logged KL is 0 by construction, not measured
+    series = series_of(rollout__kl=[0.0] * 5, rollout__kl_coef=[0.0] * 5)
+    assert _kl_figure(series, "ppo", None) is None
+
+
+def loss_panels(fig) -> dict[str, object]:
+    return {ax.get_title(): ax for ax in fig.axes}
+
+
+def test_each_loss_gets_its_own_axes_and_off_terms_are_not_drawn():
+    rng = np.random.default_rng(0)
+    steps = 60
+    value = [0.5] * steps
+    value[30] = 100.0  # a value-loss spike
+    series = series_of(
+        train__policy_loss=(0.01 * rng.normal(size=steps)).tolist(),
+        train__value_loss=value,
+        train__ptx_loss=[0.0] * steps,  # no pretrain data: logged as exactly 0
+        train__aux_loss=[1.0] * steps,  # its coefficient is logged as 0: not in the loss
+        train__aux_coef=[0.0] * steps,
+    )
+    series["eval/policy_loss"] = Series("eval/policy_loss", "eval/policy_loss", [20, 40, 60], [0.01, 0.0, -0.01])
+    fig = _loss_figure(series, "ppo", None)
+    panels = loss_panels(fig)
+    assert list(panels) == ["policy_loss", "value_loss"]
+    low, high = panels["policy_loss"].get_ylim()
+    assert high - low < 1.0  # the spike did not set the policy loss's scale
+    assert {line.get_label() for line in panels["policy_loss"].get_lines()} >= {"eval/policy_loss"}
+    note = fig.get_supxlabel()
+    assert "train/ptx_loss = 0 throughout" in note and "train/aux_loss (train/aux_coef = 0)" in note
+
+
+def test_off_terms_and_constants_in_the_namespace_grid(tmp_path):
+    rows = [
+        train_row(s, **ns(train__policy_loss=0.1 * s, train__ptx_loss=0.0, train__skip_ratio=0.0))
+        for s in range(1, 6)
+    ]
+    fig = _namespace_grid(load_series(write_log(tmp_path, rows)), "train", "ppo", None)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["train/policy_loss", "train/skip_ratio = 0, constant"]
+    assert "not drawn (off): train/ptx_loss = 0 throughout" in fig.get_supxlabel()
+
+
+def test_off_reason_and_is_constant_by_hand():
+    series = series_of(train__ptx_loss=[0, 0], train__value_loss=[0, 1], rollout__kl_coef=[0, 0])
+    assert off_reason(series["train/ptx_loss"], series) == "train/ptx_loss = 0 throughout"
+    assert off_reason(series["train/value_loss"], series) is None
+    assert off_reason(series["rollout/kl_coef"], series) is None  # a setting, not a term
+    assert is_constant(series["train/ptx_loss"]) and not is_constant(series["train/value_loss"])
+    assert not is_constant(Series("eval/loss", "eval/loss", [5], [1.0]))  # one point: no trend
+
+
+def test_band_swamps_mean_by_hand():
+    assert band_swamps_mean([0.0, 0.05, 0.02], [0.12, 0.12, 0.2])  # median 0.12 > range 0.05
+    assert not band_swamps_mean([0.0, 1.0, 2.0], [0.5, 0.5, 0.5])
+    assert band_swamps_mean([0.3, 0.3], [0.1, 0.1])  # a flat mean gets no band
+
+
+def test_reward_band_that_swamps_the_mean_is_omitted_and_said_so():
+    # A 0/1 reward with rare successes: the std (0.12) dwarfs the mean's movement (0..0.05).
+    means = [0.0, 0.016, 0.0, 0.031, 0.047, 0.016] * 10
+    series = series_of(rollout__reward_mean=means, rollout__reward_std=[0.12] * len(means))
+    fig = _reward_figure(series, "ppo", None)
+    (ax,) = fig.axes
+    assert not any(isinstance(c, PolyCollection) for c in ax.collections)
+    low, high = ax.get_ylim()
+    assert high - low < 0.1  # the mean sets the axis
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("± rollout/reward_std not drawn: median 0.12 > range") for t in legend)
+
+
+def test_eval_labels_name_the_evaluator_only_for_shared_metrics(tmp_path):
+    # An experiment's run: the stage's own eval and an in-loop benchmark log different metrics.
+    rows = [train_row(1, **ns(train__loss=1.0)), eval_row(1, "eval", **ns(eval__loss=0.5))]
+    rows += [eval_row(1, "arithmetic", **ns(arithmetic__accuracy=0.25))]
+    assert list(load_series(write_log(tmp_path, rows))) == ["train/loss", "eval/loss", "arithmetic/accuracy"]
 
 
 # ---------------------------------------------------------------------------------------------

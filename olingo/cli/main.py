@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
+import signal
 import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from olingo.config import ConfigError, config_help, load_config
-from olingo.recipes.common import packaged_config
+from olingo.config import config_help, load_config, packaged_config
+from olingo.errors import OlingoError
+from olingo.trainer.interrupt import TrainingInterrupted, handle_stop_signals
 
 
 def setup_logging() -> None:
@@ -25,33 +32,136 @@ def setup_logging() -> None:
     transformers.logging.disable_progress_bar()
 
 
-def _stage_parser(sub: argparse._SubParsersAction, name: str, summary: str, config_model: type, default_config: str) -> argparse.ArgumentParser:
+@dataclass(frozen=True)
+class HelpExample:
+    """A command line shown in --help. tests/test_cli_help.py loads its overrides into the
+    `stage` config (on top of the packaged one), so no example shows a key that fails."""
+
+    command: str  # what comes before the overrides: "olingo ppo --config my.yaml"
+    stage: str  # the config the overrides are for: sft | rm | ppo | experiment
+    overrides: tuple[str, ...]
+    tail: str = ""  # options after the overrides
+
+    def text(self) -> str:
+        return " ".join([self.command, *self.overrides, self.tail]).strip()
+
+
+# The config class of each stage, imported only when its command runs or shows its help: the
+# recipes import torch and transformers (seconds), which `olingo --help` must not wait for.
+CONFIG_CLASSES = {
+    "sft": ("olingo.recipes.sft", "SFTConfig"),
+    "rm": ("olingo.recipes.rm", "RMConfig"),
+    "ppo": ("olingo.recipes.ppo", "PPOConfig"),
+    "experiment": ("olingo.experiment.config", "ExperimentConfig"),
+}
+STAGE_SUMMARIES = {
+    "sft": "supervised fine-tuning of a causal LM on assistant tokens",
+    "rm": "train a reward model on preference pairs",
+    "ppo": "PPO from an SFT model against a reward model or reward functions",
+}
+HELP_EXAMPLES: dict[str, tuple[HelpExample, ...]] = {
+    "sft": (HelpExample("olingo sft --config my.yaml", "sft", ("train.lr=1e-4", "run.name=try2", "data.train=[a.jsonl,b.jsonl]")),),
+    "rm": (HelpExample("olingo rm --config my.yaml", "rm", ("train.lr=1e-5", "train.loss=logexp", "run.name=try2", "data.train=[pairs.jsonl]")),),
+    "ppo": (HelpExample(
+        "olingo ppo", "ppo", ("model.actor=runs/sft-tiny/checkpoints/final/model", "actor_optim.lr=1e-6", "ppo.episodes=20", "data.prompts=[p.jsonl]"),
+    ),),
+    "experiment run": (HelpExample(
+        "olingo experiment run olingo/configs/experiment_sft_lr.yaml", "experiment", ("n_repeats=3", "matrix.base.train.epochs=5", "overwrite=true"),
+    ),),
+    "plan": (
+        HelpExample("olingo plan --config my_sft.yaml", "sft", ("train.batch_size=16",), "--world-size 8"),
+        HelpExample("olingo plan --stage ppo", "ppo", ("generation.max_new_tokens=512", "ppo.rollout_batch_size=64", "plugin.name=fsdp"), "--world-size 4"),
+    ),
+}
+
+
+def config_class(stage: str) -> type:
+    """The config model of `stage` (sft, rm, ppo or experiment), imported now."""
+    module, name = CONFIG_CLASSES[stage]
+    return getattr(importlib.import_module(module), name)
+
+
+def _examples(command: str) -> str:
+    return "\n".join(f"  {example.text()}" for example in HELP_EXAMPLES[command])
+
+
+@dataclass
+class LazyParts:
+    """What a subcommand's parser loads on first use: its epilog and parser defaults."""
+
+    epilog: str
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+class LazyParser(argparse.ArgumentParser):
+    """A subcommand parser whose costly parts (config class, packaged defaults, field list)
+    load only when that subcommand is parsed or prints its help, so that `olingo --help` and
+    every other command do not import what it needs."""
+
+    def __init__(self, *args: Any, lazy: Callable[[], LazyParts] | None = None, **kwargs: Any) -> None:
+        self._lazy = lazy
+        super().__init__(*args, **kwargs)
+
+    def _load(self) -> None:
+        if self._lazy is not None:
+            parts, self._lazy = self._lazy(), None
+            self.epilog = parts.epilog
+            self.set_defaults(**parts.defaults)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._load()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self._load()
+        return super().format_help()
+
+
+def _kinds_notes() -> dict[str, str]:
+    """The registered callback and benchmark kinds, listed under those fields in --help."""
+    from olingo.trainer.callbacks import registered_callbacks
+
+    return {"callbacks": f"kinds: {', '.join(sorted(registered_callbacks()))}"}
+
+
+def _stage_parts(name: str, default_config: str) -> LazyParts:
+    """--help of a stage: examples, then every field with the packaged config's value (what a
+    bare `olingo <stage>` uses), its type, range and meaning."""
+    model = config_class(name)
+    packaged = load_config(model, packaged_config(default_config))
     epilog = (
-        f"Without --config, the packaged {default_config} is used (embedded task, tiny model).\n"
-        "Override any field with dotted KEY=VALUE arguments (values parse as YAML), e.g.\n"
-        f"  olingo {name} --config my.yaml train.lr=1e-4 run.name=try2 data.train=[a.jsonl,b.jsonl]\n"
-        "Unknown keys are errors. Fields (section.key  type  = default  meaning):\n" + config_help(config_model)
+        f"Without --config, the packaged {default_config} is used (embedded task, tiny model); the\n"
+        "defaults below are its values. Override any field with dotted KEY=VALUE arguments (values\n"
+        f"parse as YAML), e.g.\n{_examples(name)}\n"
+        "Unknown keys and values out of range are errors.\n"
+        f"Fields (section.key  type  = default in {default_config}  meaning (range)):\n"
+        + config_help(model, packaged, _kinds_notes())
     )
-    parser = sub.add_parser(name, help=summary, description=summary, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return LazyParts(epilog, {"config_model": model})
+
+
+def _stage_parser(sub: argparse._SubParsersAction, name: str, default_config: str) -> argparse.ArgumentParser:
+    """`olingo <name>`: a stage run from `default_config` or --config, plus dotted overrides."""
+    summary = STAGE_SUMMARIES[name]
+    parser = sub.add_parser(
+        name, help=summary, description=summary, formatter_class=argparse.RawDescriptionHelpFormatter,
+        lazy=lambda: _stage_parts(name, default_config),
+    )
     parser.add_argument("--config", type=Path, default=None, help=f"YAML config file (default: packaged {default_config})")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
-    parser.set_defaults(default_config=default_config, config_model=config_model)
+    parser.set_defaults(default_config=default_config)
     return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from olingo.recipes.ppo import PPOConfig
-    from olingo.recipes.rm import RMConfig
-    from olingo.recipes.sft import SFTConfig
-
-    parser = argparse.ArgumentParser(prog="olingo", description="RLHF post-training: SFT, reward models and PPO, from a laptop CPU to a GPU cluster.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sft = _stage_parser(sub, "sft", "supervised fine-tuning of a causal LM on assistant tokens", SFTConfig, "sft_tiny.yaml")
-    sft.set_defaults(handler=_cmd_sft)
-    rm = _stage_parser(sub, "rm", "train a reward model on preference pairs", RMConfig, "rm_tiny.yaml")
-    rm.set_defaults(handler=_cmd_rm)
-    ppo = _stage_parser(sub, "ppo", "PPO from an SFT model against a reward model or reward functions", PPOConfig, "ppo_tiny.yaml")
-    ppo.set_defaults(handler=_cmd_ppo)
+    """The `olingo` command line. Subcommands load their configs lazily (see `LazyParser`)."""
+    parser = argparse.ArgumentParser(
+        prog="olingo", description="RLHF post-training: SFT, reward models and PPO, from a laptop CPU to a GPU cluster.",
+        epilog="`olingo <command> --help` lists a command's config fields with their defaults.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=LazyParser)
+    for name, handler in (("sft", _cmd_sft), ("rm", _cmd_rm), ("ppo", _cmd_ppo)):
+        _stage_parser(sub, name, f"{name}_tiny.yaml").set_defaults(handler=handler)
     demo = sub.add_parser(
         "demo",
         help="SFT -> reward model -> PPO on the embedded arithmetic task; before/after table and plots",
@@ -78,19 +188,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _experiment_parser(sub: argparse._SubParsersAction) -> None:
-    from olingo.experiment.config import ExperimentConfig
+def _experiment_parts() -> LazyParts:
+    """--help of `experiment run`: an example and the experiment's own fields."""
+    from olingo.experiment.benchmarks import BENCHMARKS
 
+    notes = {**_kinds_notes(), "benchmarks": f"kinds: {', '.join(sorted(BENCHMARKS))}"}
+    epilog = (
+        f"Override any field with dotted KEY=VALUE arguments (values parse as YAML), e.g.\n{_examples('experiment run')}\n"
+        "Unknown keys are errors. The experiment's fields (section.key  type  = default  meaning); each arm is an\n"
+        "olingo stage config (stage: sft|rm|ppo plus that stage's fields, see `olingo sft --help` and docs/experiments.md):\n"
+        + config_help(config_class("experiment"), notes=notes)
+    )
+    return LazyParts(epilog)
+
+
+def _experiment_parser(sub: argparse._SubParsersAction) -> None:
+    """`olingo experiment run EXP.yaml [KEY=VALUE ...]`."""
     experiment = sub.add_parser("experiment", help="run an experiment: arms x seeds x continual stages, benchmarks, loggers")
     actions = experiment.add_subparsers(dest="action", required=True)
-    epilog = (
-        "Override any field with dotted KEY=VALUE arguments (values parse as YAML), e.g.\n"
-        "  olingo experiment run exp.yaml n_repeats=3 matrix.base.train.epochs=5 overwrite=true\n"
-        "Unknown keys are errors. Top-level fields (each arm is an olingo stage config, see docs/experiments.md):\n"
-        + config_help(ExperimentConfig)
-    )
     run = actions.add_parser(
-        "run", help="run every arm and seed of EXP.yaml, then print the results", epilog=epilog,
+        "run", help="run every arm and seed of EXP.yaml, then print the results", lazy=_experiment_parts,
         description="Runs EXP.yaml's arms one after another in this process; writes <output_dir>/<name>/ "
         "(experiment.yaml, result.json, runs/<run>/...). Exit status 0 when every run completed, 1 otherwise.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -101,6 +218,7 @@ def _experiment_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _plan_parser(sub: argparse._SubParsersAction) -> None:
+    """`olingo plan`: memory estimate of a stage config."""
     plan = sub.add_parser(
         "plan", help="estimate memory per device for a stage config and warn when it will not fit",
         description="Reads a stage config (sft, rm or ppo; the stage is the one whose strict config accepts the file, "
@@ -108,7 +226,8 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:
         "of generation, then the peak against the device's memory (CUDA, else system RAM). Model sizes come from "
         "the models' config.json; no weights are loaded. Formulas and measured comparisons: docs/plan.md. "
         "Exit status 0 (a warning on stderr when it does not fit), 1 with --strict when it does not fit, 2 on a bad config.",
-        epilog="Example: olingo plan --config my_sft.yaml train.batch_size=16 --world-size 8",
+        epilog=f"Examples (the fields of each stage: olingo sft --help, olingo ppo --help):\n{_examples('plan')}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plan.add_argument("--config", type=Path, default=None, help="stage config file (default with --stage: the packaged <stage>_tiny.yaml)")
     plan.add_argument("--stage", choices=["sft", "rm", "ppo"], default=None, help="the config's stage (default: detected)")
@@ -221,16 +340,49 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _debug_requested(argv: list[str]) -> tuple[list[str], bool]:
+    """`--debug` anywhere on the line (or OLINGO_DEBUG=1): keep tracebacks of user errors."""
+    debug = os.environ.get("OLINGO_DEBUG", "") not in ("", "0")
+    return [a for a in argv if a != "--debug"], debug or "--debug" in argv
+
+
+def _resume_hint(args: argparse.Namespace, stop: TrainingInterrupted) -> str:
+    if stop.checkpoint is None:
+        return ""
+    run_dir = stop.checkpoint.parent.parent
+    if args.command in ("sft", "rm", "ppo"):
+        return f"; resume with: olingo {args.command} --config {run_dir / 'config.yaml'} run.resume=last"
+    return f"; its run directory is {run_dir} (config.yaml there; continue it with run.resume=last)"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one olingo command; user errors end in one line on stderr and exit status 2."""
+    argv, debug = _debug_requested(sys.argv[1:] if argv is None else list(argv))
     args = build_parser().parse_args(argv)
     setup_logging()
-    from olingo.dataset import DataError
+    with handle_stop_signals():
+        try:
+            return args.handler(args)
+        except TrainingInterrupted as stop:
+            _print_on_master(f"olingo: {stop}{_resume_hint(args, stop)}")
+            return 128 + stop.signum
+        except KeyboardInterrupt as err:
+            signum = err.args[0] if err.args and isinstance(err.args[0], int) else int(signal.SIGINT)
+            _print_on_master(
+                f"olingo: stopped by {signal.Signals(signum).name}; nothing after the last complete checkpoint "
+                "was kept (checkpoints are written atomically)"
+            )
+            return 128 + signum
+        except OlingoError as err:
+            if debug:
+                traceback.print_exc()
+            _print_on_master(f"olingo: {err}")
+            return 2
 
-    try:
-        return args.handler(args)
-    except (ConfigError, DataError) as err:
-        print(f"olingo: {err}", file=sys.stderr)
-        return 2
+
+def _print_on_master(message: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(message, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

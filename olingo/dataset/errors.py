@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from olingo.errors import OlingoError
 
-class DataError(ValueError):
+
+class DataError(OlingoError, ValueError):
     """A data problem found while loading or preparing a dataset.
 
     Attributes:

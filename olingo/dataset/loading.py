@@ -72,10 +72,27 @@ def iter_rows_or_errors(source: str, split: str | None = None) -> Iterator[RowOr
     return _check_objects(source, enumerate(_load_with_datasets(source, split), start=1))
 
 
+def _utf8_error(source: str, row: int | None, err: UnicodeDecodeError, line_start: int) -> DataError:
+    """A byte that is not UTF-8: where it is (row, file byte offset) and what it is."""
+    offset = line_start + err.start
+    bad = err.object[err.start : err.start + 1].hex()
+    return DataError(source, row, None, f"not valid UTF-8: byte 0x{bad} at byte offset {offset} of the file (save it as UTF-8)")
+
+
 def _jsonl_rows(source: str, path: Path) -> Iterator[RowOrError]:
-    """Parse a JSONL file one line at a time so a bad line reports its own line number."""
-    with path.open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
+    """Parse a JSONL file one line at a time so a bad line reports its own line number.
+
+    Lines are read as bytes and decoded one by one, so a line that is not UTF-8 is a row error
+    with its byte offset (skippable with skip_invalid), not a crash of the whole read."""
+    offset = 0
+    with path.open("rb") as raw_lines:
+        for line_number, raw in enumerate(raw_lines, start=1):
+            line_start, offset = offset, offset + len(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                yield line_number, _utf8_error(source, line_number, err, line_start)
+                continue
             if not line.strip():
                 continue
             try:
@@ -89,8 +106,12 @@ def _jsonl_rows(source: str, path: Path) -> Iterator[RowOrError]:
 
 def _json_document_rows(source: str, path: Path, split: str | None) -> Iterator[tuple[int, Any]]:
     """Read a whole ``.json`` document and enumerate the list of rows it holds."""
+    data = path.read_bytes()
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(source, None, None, f"line {line}: " + _utf8_error(source, None, err, 0).reason) from None
     except json.JSONDecodeError as exc:
         # Rows are list elements here, so a syntax error has no row yet: name the line.
         reason = f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from olingo.models.functional import masked_sum
+
 # Fields with one row per sequence; the rest are scalars or metadata.
 PER_TOKEN = ("action_log_probs", "base_action_log_probs", "values", "kl", "rewards", "advantages", "returns")
 
@@ -158,9 +160,9 @@ def make_experience_batch(items: list[BufferItem], pad_token_id: int = 0) -> Exp
 
 def experience_info(experience: Experience) -> dict[str, Any]:
     """Scalar rollout diagnostics of one batch (the `rollout/...` metrics)."""
-    mask = experience.action_mask.float()
-    lengths = mask.sum(dim=-1)
-    per_seq_kl = (experience.kl * mask).sum(dim=-1)
+    mask = experience.action_mask
+    lengths = mask.float().sum(dim=-1)
+    per_seq_kl = masked_sum(experience.kl, mask, dim=-1)
     return {
         "reward_mean": float(experience.raw_score.float().mean()),
         "reward_std": float(experience.raw_score.float().std(unbiased=False)),

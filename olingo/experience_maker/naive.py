@@ -193,8 +193,9 @@ class NaiveExperienceMaker:
         scored = self.rollout_and_score(input_ids, attention_mask, gt_answers, settings)
         rollout = scored.rollout
         seq, mask, action_mask = rollout.sequences, rollout.attention_mask, rollout.action_mask
-        values = action_values(self.critic, seq, mask, rollout.num_actions).float() * action_mask
-        kl = kl_estimate(scored.log_probs, scored.ref_log_probs, self.kl_estimator) * action_mask
+        values = action_values(self.critic, seq, mask, rollout.num_actions).float()
+        values = torch.where(action_mask.bool(), values, torch.zeros_like(values))  # a select: padding may hold inf
+        kl = kl_estimate(scored.log_probs, scored.ref_log_probs, self.kl_estimator, action_mask)
         score = self.shape_score(scored.raw_score, rollout.truncated)
         rewards = per_token_rewards(score, kl, action_mask, self.kl_ctl.value, self.reward_placement)
         advantages, returns = compute_gae(rewards, values, action_mask, self.gamma, self.lam)

@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import pydantic
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from olingo.config import ConfigError, StrictModel
+from olingo.config import ConfigError, StrictModel, config_problems, format_problems
 from olingo.config_errors import did_you_mean
 from olingo.recipes.common import CallbackSpec, packaged_config
 
@@ -89,7 +88,7 @@ class ExperimentConfig(StrictModel):
     success_metric: str | None = Field(None, description="metric that ranks arms, e.g. arithmetic/accuracy or eval/loss")
     success_mode: Literal["max", "min"] = Field("max", description="whether a higher or lower success_metric is better")
     n_repeats: int = Field(1, ge=1, description="seeds per arm")
-    base_seed: int | None = Field(None, description="first seed; replicate i uses base_seed + i (default: the arm's run.seed)")
+    base_seed: int | None = Field(None, ge=0, description="first seed; replicate i uses base_seed + i (default: the arm's run.seed)")
     run: dict | None = Field(None, description="a single arm: {stage: sft|rm|ppo, config?: file, ...stage fields}")
     runs: dict[str, dict] | None = Field(None, description="arms by name: {name: {stage: ..., ...}}")
     matrix: MatrixSpec | None = Field(None, description="arms as a Cartesian product over dotted paths")
@@ -265,11 +264,9 @@ def read_stage_file(source: str, where: str, base_dir: Path) -> dict[str, Any]:
 
 def validate_stage(kind: str, data: dict[str, Any], where: str) -> StrictModel:
     """The stage config model for `data`; every problem is reported with `where` in front."""
-    try:
-        model = stages()[kind].config_model.model_validate(data)
-    except pydantic.ValidationError as err:
-        lines = [f"  {'.'.join([where, *(str(p) for p in e['loc'])])}: {e['msg'].removeprefix('Value error, ')}" for e in err.errors()]
-        raise ConfigError(f"invalid {kind} config in {where}:\n" + "\n".join(lines)) from None
+    model, problems = config_problems(stages()[kind].config_model, data)
+    if model is None:  # the same did-you-mean and range messages as a stage's own config
+        raise ConfigError(f"invalid {kind} config in {where}:\n" + format_problems(problems, prefix=where))
     if model.run.resume is not None:
         raise ConfigError(f"{where}.run.resume: experiments start every run fresh; leave run.resume unset")
     if model.plugin.name != "single":

@@ -4,6 +4,12 @@ Plain dataclasses with `to_json`/`from_json`, so `result.json` in the experiment
 reads back into the same objects (`olingo report` does). The aggregation (mean and std over
 repeats, best arm, conclusion) is in small pure functions at the end of the module.
 This module imports nothing from olingo, so loggers may use it freely.
+
+A best arm is claimed only when the data support it (`pick_best`): arms are ranked by the mean
+of `success_metric` over their completed seeds, and the leader wins when it and the runner-up
+each have at least `MIN_SEEDS_FOR_CLAIM` scored seeds and the gap between their means is larger
+than the sum of their sample standard deviations. Otherwise there is no clear winner:
+`best_arm` stays None and the conclusion says why, with every arm's mean +- std (n).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 RunStatus = Literal["pending", "completed", "failed", "skipped"]
+# With one seed an arm has no measured spread, so a gap to it cannot be told from seed noise.
+MIN_SEEDS_FOR_CLAIM = 2
 
 
 @dataclass
@@ -65,6 +73,15 @@ class ArmResult:
     requested_steps: int = 0
     stopped_early: bool = False
 
+    @property
+    def stage_label(self) -> str:
+        """The stage this run trained: its kind (`sft`, `rm`, `ppo`), plus `:<name>` for a
+        continual stage (`sft:more`); `stage` alone is None for an arm's first stage."""
+        kind = str(self.run_config.get("stage") or "")
+        if self.stage is None:
+            return kind
+        return f"{kind}:{self.stage}" if kind else self.stage
+
     def value(self, metric: str) -> float | None:
         """`metric` from the benchmark metrics, else from the loop metrics; None when absent."""
         value = self.eval_metrics.get(metric, self.metrics.get(metric))
@@ -85,13 +102,14 @@ class ArmResult:
 
 @dataclass
 class ExperimentResult:
-    """The whole experiment: every run, the best arm by `success_metric`, a conclusion line."""
+    """The whole experiment: every run, the best arm by `success_metric` (None without a clear
+    winner, see `winner_verdict`), a conclusion line."""
 
     name: str
     status: Literal["completed", "partial", "failed", "interrupted"] = "completed"
     arms: list[ArmResult] = field(default_factory=list)
-    best_arm: str | None = None
-    best_score: float | None = None
+    best_arm: str | None = None  # None when no arm beats the runner-up by more than the seed spread
+    best_score: float | None = None  # the best arm's mean
     conclusion: str = ""
     hypothesis: str = ""
     success_metric: str | None = None
@@ -142,36 +160,76 @@ def arm_scores(arms: list[ArmResult], metric: str) -> dict[str, list[float]]:
     return scores
 
 
+@dataclass(frozen=True)
+class ArmScore:
+    """An arm's `success_metric` over its scored seeds: mean, sample std and seed count."""
+
+    arm: str
+    mean: float
+    std: float
+    n: int
+
+    def describe(self) -> str:
+        """`A 0.6 +- 0.14 (n=2)`."""
+        return f"{self.arm} {self.mean:.4g} +- {self.std:.2g} (n={self.n})"
+
+
+def rank_arms(scores: dict[str, list[float]], mode: str) -> list[ArmScore]:
+    """Arms with at least one score, best mean first (`mode` "max" or "min"); ties keep the
+    listed order. Arms without scores are left out."""
+    ranked = [ArmScore(arm, *mean_std(values), len(values)) for arm, values in scores.items() if values]
+    sign = -1.0 if mode == "max" else 1.0
+    return sorted(ranked, key=lambda a: sign * a.mean)  # sorted() is stable: ties stay in order
+
+
+def winner_verdict(ranked: list[ArmScore]) -> tuple[ArmScore | None, str]:
+    """(the clear winner or None, why): the leader wins when it and the runner-up each have
+    `MIN_SEEDS_FOR_CLAIM` seeds and their gap exceeds the sum of their std's."""
+    if not ranked:
+        return None, "no arm has a score"
+    if len(ranked) == 1:
+        return None, f"only {ranked[0].arm} has a score: nothing to compare it with"
+    best, runner_up = ranked[0], ranked[1]
+    gap, spread = abs(best.mean - runner_up.mean), best.std + runner_up.std
+    if gap == 0:
+        return None, f"{best.arm} and {runner_up.arm} tie at {best.mean:.4g}"
+    few = [a.arm for a in (best, runner_up) if a.n < MIN_SEEDS_FOR_CLAIM]
+    if few:
+        return None, (
+            f"{best.arm} leads {runner_up.arm} by {gap:.2g}, but {' and '.join(few)} "
+            f"{'has' if len(few) == 1 else 'have'} one seed: no spread to compare the gap with "
+            f"(n_repeats >= {MIN_SEEDS_FOR_CLAIM} measures it)"
+        )
+    if gap <= spread:
+        return None, (
+            f"the gap between {best.arm} and {runner_up.arm} ({gap:.2g}) is within "
+            f"their summed std ({spread:.2g})"
+        )
+    return best, f"gap to {runner_up.arm} {gap:.2g} > summed std {spread:.2g}"
+
+
 def pick_best(scores: dict[str, list[float]], mode: str) -> tuple[str | None, float | None]:
-    """The arm with the best mean score (ties: the first listed); (None, None) without scores."""
-    means = {arm: mean_std(values)[0] for arm, values in scores.items() if values}
-    if not means:
-        return None, None
-    pick = max if mode == "max" else min
-    best = pick(means, key=lambda arm: means[arm])
-    return best, means[best]
+    """(arm, mean) of the clear winner by `winner_verdict`; (None, None) when there is none."""
+    best, _ = winner_verdict(rank_arms(scores, mode))
+    return (best.arm, best.mean) if best is not None else (None, None)
 
 
 def conclusion_line(scores: dict[str, list[float]], metric: str | None, mode: str, best: str | None) -> str:
-    """One sentence: which arm won on `metric`, with mean +- std and seed counts of every arm."""
+    """One sentence: the winner on `metric` (or "no clear winner" and why), with mean +- std
+    and seed counts of every scored arm, best first. `best` is `pick_best`'s arm."""
     if metric is None:
         return "no success_metric set: no arm was ranked"
-    if best is None:
+    ranked = rank_arms(scores, mode)
+    if not ranked:
         return f"no completed run reported '{metric}': no arm was ranked"
-
-    def describe(arm: str) -> str:
-        mean, std = mean_std(scores[arm])
-        return f"{arm} {mean:.4g} +- {std:.2g} (n={len(scores[arm])})"
-
-    others = [describe(arm) for arm in scores if arm != best and scores[arm]]
+    winner, reason = winner_verdict(ranked)
     failed = [arm for arm, values in scores.items() if not values]
-    best_mean = mean_std(scores[best])[0]
-    tied = [arm for arm in scores if arm != best and scores[arm] and mean_std(scores[arm])[0] == best_mean]
-    text = f"best arm by {metric} ({mode}): {describe(best)}"
-    if tied:
-        text += f" (tied with {', '.join(tied)}: the first listed is named)"
-    if others:
-        text += "; vs " + ", ".join(others)
+    if best is not None and winner is not None and winner.arm == best:
+        others = [a.describe() for a in ranked if a.arm != best]
+        text = f"best arm by {metric} ({mode}): {winner.describe()} ({reason})"
+        text += "; vs " + ", ".join(others)  # a winner always has a runner-up
+    else:
+        text = f"no clear winner by {metric} ({mode}): {reason}; " + ", ".join(a.describe() for a in ranked)
     if failed:
         text += "; no score for " + ", ".join(failed)
     return text

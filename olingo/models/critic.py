@@ -15,6 +15,8 @@ from olingo.models.reward_model import RewardModel
 class Critic(RewardModel):
     """Backbone + value head; `forward` returns a value per position, shape (B, L)."""
 
+    kind = "critic"
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         """input_ids, attention_mask: (B, L) -> values (B, L); position t values the prefix ..t."""
         return self.values(input_ids, attention_mask)

@@ -115,17 +115,22 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def kl_estimate(
-    log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: KLEstimator = "k1"
+    log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: KLEstimator = "k1",
+    action_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020,
     "Approximating KL Divergence", http://joschu.net/blog/kl-approx.html).
 
     log_probs, ref_log_probs: (B, A) log-probabilities of the sampled tokens. Returns (B, A).
     With log r = logp_ref - logp: k1 = -log r (unbiased, can be negative); k2 = (log r)^2 / 2
-    (biased, low variance); k3 = (r - 1) - log r (unbiased and always >= 0). Masking is the
-    caller's: padded entries are whatever the inputs make them.
+    (biased, low variance); k3 = (r - 1) - log r (unbiased and always >= 0). With
+    `action_mask` (B, A), masked-out entries are exactly 0: the log-ratio is selected away
+    before exp, because padding can hold any log-probability, exp of it can overflow to inf,
+    and inf * 0 is NaN. Without a mask, padded entries are whatever the inputs make them.
     """
     log_ratio = ref_log_probs - log_probs
+    if action_mask is not None:
+        log_ratio = torch.where(_as_bool(action_mask, log_ratio), log_ratio, torch.zeros_like(log_ratio))
     if estimator == "k1":
         return -log_ratio
     if estimator == "k2":

@@ -16,6 +16,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from olingo.errors import ModelLoadError
+
+LOAD_ERRORS = (OSError, ValueError, KeyError)  # what transformers raises for a path that does not load
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -25,17 +28,51 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def explain_load_failure(path: str, err: Exception) -> OSError:
-    where = "local directory" if os.path.isdir(path) else "path or hub id"
-    return OSError(f"could not load '{path}' ({where}): {err}")
+def _looks_local(path: str) -> bool:
+    """A filesystem path rather than a hub id (`name` or `org/name`)."""
+    return os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
+
+
+def describe_path(path: str) -> str:
+    """What is at `path`, for a message about why nothing loads from it."""
+    target = Path(path).expanduser()
+    if not target.exists():
+        return "no such file or directory"
+    if target.is_file():
+        return f"a file of {target.stat().st_size} bytes, not a model directory"
+    entries = sorted(entry.name for entry in target.iterdir())
+    if not entries:
+        return "an empty directory"
+    shown = ", ".join(entries[:8]) + (f", ... ({len(entries)} entries)" if len(entries) > 8 else "")
+    missing = "" if "config.json" in entries else "; no config.json, so not a Hugging Face model directory"
+    return f"a directory holding {shown}{missing}"
+
+
+def check_model_path(path: str, what: str = "model path") -> None:
+    """Fail at once, naming the path, when a local `path` does not exist (a hub id is left to
+    transformers: it may be in the local cache). `what` names it: a config key or a kind."""
+    if _looks_local(path) and not Path(path).expanduser().exists():
+        raise ModelLoadError(f"{what} '{path}' does not exist")
+
+
+def explain_load_failure(path: str, err: Exception, what: str = "model") -> ModelLoadError:
+    """The one-line error for a model or tokenizer that does not load: the path, what is
+    there, and the library's own reason (its first line)."""
+    reason = " ".join(str(err).split()) or type(err).__name__  # the library's words, on one line
+    if len(reason) > 240:
+        reason = reason[:240] + " ... (--debug shows all)"
+    if Path(path).expanduser().exists():
+        return ModelLoadError(f"could not load the {what} at '{path}' ({describe_path(path)}): {reason}")
+    return ModelLoadError(f"could not load the {what} '{path}': no such local path, and as a hub id: {reason}")
 
 
 def load_tokenizer(path: str, padding_side: str | None = None) -> PreTrainedTokenizerBase:
     """AutoTokenizer with a pad token guaranteed (eos is reused when the model has none)."""
+    check_model_path(path, "tokenizer path")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as err:
-        raise explain_load_failure(path, err) from err
+    except LOAD_ERRORS as err:
+        raise explain_load_failure(path, err, "tokenizer") from None
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ValueError(f"tokenizer at '{path}' has neither a pad nor an eos token")
@@ -47,18 +84,20 @@ def load_tokenizer(path: str, padding_side: str | None = None) -> PreTrainedToke
 
 def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
     """Any `AutoModelForCausalLM` from a directory or hub id."""
+    check_model_path(path)
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise explain_load_failure(path, err) from err
+    except LOAD_ERRORS as err:
+        raise explain_load_failure(path, err) from None
 
 
 def load_backbone(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
     """The transformer body without a head (`AutoModel`), e.g. for custom heads."""
+    check_model_path(path)
     try:
         return AutoModel.from_pretrained(path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise explain_load_failure(path, err) from err
+    except LOAD_ERRORS as err:
+        raise explain_load_failure(path, err) from None
 
 
 def load_safetensors_into(model: torch.nn.Module, directory: str | Path) -> None:

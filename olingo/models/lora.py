@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, inject_adapter_in_model
-from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from olingo.errors import require
 from olingo.models.reward_model import RewardModel
 
 LORA_DIR = "lora"
@@ -44,23 +44,35 @@ def apply_lora(model: nn.Module, *, r: int, alpha: float, dropout: float = 0.0, 
     head, peft's rule). A `RewardModel`/`Critic`: the same on its backbone, and the value head
     `score` stays fully trainable. Returns `model`.
     """
+    peft = require("peft", "LoRA (model.lora.r > 0)")
     is_reward = isinstance(model, RewardModel)
     target = model.model if is_reward else model
-    config = LoraConfig(
+    config = peft.LoraConfig(
         r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none",
         target_modules=target_modules if isinstance(target_modules, str) else list(target_modules),
         # peft's "all-linear" spares a causal LM's output embedding but would adapt a classifier's head.
         exclude_modules=["score"] if is_reward else None,
     )
-    inject_adapter_in_model(config, target)
+    peft.inject_adapter_in_model(config, target)
     if is_reward:
         model.model.score.requires_grad_(True)
     return model
 
 
+def _tuner_layer() -> type | None:
+    """peft's adapter-layer base class, or None when peft was never imported: then no model
+    can hold adapters, and runs without LoRA never need peft installed."""
+    if "peft" not in sys.modules:
+        return None
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return BaseTunerLayer
+
+
 def has_lora(model: nn.Module) -> bool:
     """Whether peft LoRA layers were injected anywhere in `model`."""
-    return any(isinstance(module, BaseTunerLayer) for module in model.modules())
+    layer = _tuner_layer()
+    return layer is not None and any(isinstance(module, layer) for module in model.modules())
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -86,7 +98,8 @@ def merged_copy(model: nn.Module) -> nn.Module:
     This is peft's `merge_and_unload`, for a model injected without a `PeftModel` wrapper.
     """
     merged = copy.deepcopy(model)
-    names = [name for name, module in merged.named_modules() if isinstance(module, BaseTunerLayer)]
+    layer_type = _tuner_layer()
+    names = [name for name, module in merged.named_modules() if layer_type is not None and isinstance(module, layer_type)]
     for name in names:
         layer = merged.get_submodule(name)
         layer.merge()

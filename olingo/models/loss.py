@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from olingo.models.functional import masked_mean
+from olingo.models.functional import masked_mean, masked_sum
 
 
 class LogSigLoss(nn.Module):
@@ -53,11 +53,14 @@ def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Te
     t+1, so the loss covers tokens 1..L-1 whose mask is 1. Returning the sum and the count (not
     the mean) lets a trainer normalise by the tokens of a whole optimizer step, so accumulation
     and data parallelism give the same gradient as one big batch.
+
+    Both are float32 whatever the logits' dtype: a bf16 count is wrong above 256 tokens
+    (887 would read 888). The NLL is summed with a select, never a product with the mask.
     """
     targets = input_ids[:, 1:]
-    mask = loss_mask[:, 1:].to(logits.dtype)
+    mask = loss_mask[:, 1:].bool()
     nll = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), reduction="none")
-    return (nll.view_as(mask) * mask).sum(), mask.sum()
+    return masked_sum(nll.view(mask.shape), mask), mask.sum().to(torch.float32)
 
 
 class GPTLMLoss(nn.Module):

@@ -23,7 +23,13 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from olingo.models.loading import explain_load_failure, load_safetensors_into, resolve_dtype
+from olingo.models.loading import (
+    LOAD_ERRORS,
+    check_model_path,
+    explain_load_failure,
+    load_safetensors_into,
+    resolve_dtype,
+)
 from olingo.models.utils import last_attended_index, position_ids_from_mask
 
 logger = logging.getLogger("olingo.models")
@@ -31,6 +37,8 @@ logger = logging.getLogger("olingo.models")
 
 class RewardModel(nn.Module):
     """Backbone + value head; `forward` returns one score per sequence, shape (B,)."""
+
+    kind = "reward model"  # named in load errors
 
     def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
@@ -53,13 +61,14 @@ class RewardModel(nn.Module):
         initialised with N(0, 1/(hidden+1)) from the global torch RNG, as ColossalChat does, so
         a seeded run is reproducible.
         """
+        check_model_path(path, f"{cls.kind} path")
         try:
             model, info = AutoModelForSequenceClassification.from_pretrained(
                 path, num_labels=1, dtype=resolve_dtype(dtype), output_loading_info=True,
                 trust_remote_code=trust_remote_code,
             )
-        except (OSError, ValueError) as err:
-            raise explain_load_failure(path, err) from err
+        except LOAD_ERRORS as err:
+            raise explain_load_failure(path, err, cls.kind) from None
         if pad_token_id is not None:
             model.config.pad_token_id = pad_token_id
         if any(key.startswith("score.") for key in info["missing_keys"]):

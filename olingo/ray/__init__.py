@@ -8,3 +8,7 @@ The only olingo package that imports ray. Modules:
     weights                 strict weight sync (no silent key mismatches)
     launch                  `olingo ppo` with `ray.enabled: true`
 """
+
+from olingo.errors import require
+
+require("ray", "Ray detached mode (olingo.ray, ray.enabled=true)")

@@ -146,9 +146,13 @@ class DetachedTrainer(ABC):
 
     # ---- public API (seed 001) --------------------------------------------------------------
     @ray.method(concurrency_group="compute")
-    def fit(self, total_steps: int, update_steps: int, train_epochs: int = 1) -> dict[str, Any]:
+    def fit(self, total_steps: int, update_steps: int, train_epochs: int = 1, *, initial_eval: dict[str, float] | None = None) -> dict[str, Any]:
         """Train `total_steps // update_steps` episodes; see the module docstring. Returns the
-        run summary: steps, episodes, the makers' counts and what was left unused."""
+        run summary: steps, episodes, the makers' counts and what was left unused.
+
+        `initial_eval`: metrics of the starting policy (`eval/...`), logged as the step-0
+        evaluation right after `on_train_start`, so a run killed later keeps that row.
+        """
         if update_steps < 1 or total_steps < update_steps or train_epochs < 1:
             raise ValueError(f"need total_steps >= update_steps >= 1 and train_epochs >= 1, got {total_steps}, {update_steps}, {train_epochs}")
         num_episodes = total_steps // update_steps
@@ -161,6 +165,8 @@ class DetachedTrainer(ABC):
         t0, error = time.time(), None
         dispatch(self.callbacks, "on_train_start", state)
         try:
+            if initial_eval is not None:
+                dispatch(self.callbacks, "on_eval", state, state.step, "eval", initial_eval)
             dispatch(self.callbacks, "on_fit_start")
             try:
                 self._connect_makers()

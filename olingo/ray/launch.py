@@ -41,8 +41,9 @@ from olingo.recipes.common import (
     LoraSettings,
     OptimizerConfig,
     build_callbacks,
+    check_run_dir,
+    commit_run_dir,
     optimizer_and_schedule,
-    prepare_run_dir,
     resolve_path,
     resume_checkpoint,
 )
@@ -189,7 +190,7 @@ def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     check_ray_config(cfg)
     algo, m, rc = cfg.ppo, cfg.model, cfg.ray
     seed_everything(cfg.run.seed)
-    run_dir = prepare_run_dir(cfg.run, cfg, is_master=True)
+    run_dir = check_run_dir(cfg.run)  # written only once the actors have loaded everything
     checkpoint = resume_checkpoint(cfg.run, run_dir)
     batches = episode_batches(cfg)
     total_steps = algo.episodes * batches
@@ -243,21 +244,21 @@ def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         ray.get(trainer.buffer_get_length.remote(), timeout=rc.call_timeout_s)  # constructed (resources granted, models loaded)
         if checkpoint is not None:
             ray.get(trainer.load_checkpoint.remote(str(checkpoint)), timeout=rc.call_timeout_s)
+        commit_run_dir(cfg.run, cfg, run_dir)
 
-        # 5-7. evaluate, fit, evaluate
+        # 5-7. evaluate, fit (which logs the step-0 evaluation first), evaluate
         evaluate = _evaluator(cfg, makers[0]) if cfg.data.eval_prompts else None
         before = evaluate() if evaluate is not None and checkpoint is None else None
-        summary = _wait(trainer.fit.remote(total_steps, batches, algo.update_steps))
+        summary = _wait(trainer.fit.remote(total_steps, batches, algo.update_steps, initial_eval=before))
         after = evaluate() if evaluate is not None else None
     finally:
         for actor in actors:
             ray.kill(actor)
         if started_here:
             ray.shutdown()
-    for step, metrics in ((0, before), (summary["steps"], after)):
-        if metrics is not None:  # the same eval rows single-process PPO writes, for `olingo report`
-            with open(run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({"step": step, "split": "eval", "time": time.time(), **metrics}) + "\n")
+    if after is not None:  # the same final eval row single-process PPO writes, for `olingo report`
+        with open(run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": summary["steps"], "split": "eval", "time": time.time(), "eval_name": "eval", **after}) + "\n")
     result = {"run_dir": str(run_dir), "final_model": str(run_dir / "checkpoints" / "final" / "actor"), "eval_before": before, "eval": after, "steps": summary["steps"], "ray": summary}
     (run_dir / "ray_summary.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     return result

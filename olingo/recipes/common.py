@@ -8,7 +8,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -16,12 +16,14 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from olingo.booster import Booster, Plugin, SingleProcessPlugin, TorchDDPPlugin, TorchFSDPPlugin
 from olingo.cluster import DistCoordinator
-from olingo.config import ConfigError, StrictModel, dump_config
+from olingo.config import ConfigError, StrictModel, dump_config, packaged_config  # noqa: F401 - packaged_config moved to olingo.config, still importable here
+from olingo.errors import ResumeError, RunIOError, check_installed
+from olingo.models.loading import check_model_path
 from olingo.models.lora import apply_lora
 from olingo.trainer._support import Evaluator
 from olingo.trainer.base import SLTrainer
 from olingo.trainer.callbacks import Callback, LogContext, build_callback
-from olingo.trainer.checkpoint import CheckpointManager
+from olingo.trainer.checkpoint import MANIFEST, CheckpointManager
 from olingo.trainer.utils import optimizer_steps_per_epoch, seed_everything
 
 logger = logging.getLogger("olingo")
@@ -33,7 +35,7 @@ class RunConfig(StrictModel):
 
     name: str = Field("run", description="run name; the run directory is <output_dir>/<name>")
     output_dir: str = Field("runs", description="parent directory of run directories")
-    seed: int = Field(42, description="the one seed of the run (python, numpy, torch, data order)")
+    seed: int = Field(42, ge=0, description="the one seed of the run (python, numpy, torch, data order)")
     resume: str | None = Field(None, description="'last' = continue from the run's last checkpoint; or a checkpoint directory")
     overwrite: bool = Field(False, description="delete an existing run directory instead of refusing to start")
 
@@ -91,26 +93,29 @@ class LoggingConfig(StrictModel):
     progress: bool = Field(True, description="show a progress bar")
 
 
+AdamBeta = Annotated[float, Field(ge=0.0, lt=1.0)]  # 1 would never forget: the moment estimates stop averaging
+
+
 class OptimizerConfig(StrictModel):
     """AdamW with a cosine schedule, for one trained model."""
 
-    lr: float = Field(5e-6, description="peak learning rate")
-    weight_decay: float = Field(0.1, description="AdamW weight decay (not on biases and norms)")
-    adam_betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
-    warmup_ratio: float = Field(0.025, description="fraction of optimizer steps spent warming up")
-    min_lr_ratio: float = Field(0.1, description="cosine schedule floor as a fraction of lr")
-    max_grad_norm: float | None = Field(1.0, description="clip the gradient norm (null: no clipping)")
+    lr: float = Field(5e-6, gt=0, description="peak learning rate")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (not on biases and norms)")
+    adam_betas: tuple[AdamBeta, AdamBeta] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1)")
+    warmup_ratio: float = Field(0.025, ge=0, le=1, description="fraction of optimizer steps spent warming up")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine schedule floor as a fraction of lr")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the gradient norm (null: no clipping)")
 
 
 class OptimConfig(OptimizerConfig):
     """Optimisation shared by supervised stages."""
 
-    epochs: int = Field(3, description="passes over the training data")
-    batch_size: int = Field(8, description="rows per micro-batch per process")
-    eval_batch_size: int = Field(32, description="rows per evaluation batch per process")
-    accumulation_steps: int = Field(1, description="micro-batches per optimizer step")
-    save_interval: int = Field(0, description="checkpoint every N optimizer steps (0: only the final one)")
-    eval_interval: int = Field(0, description="evaluate every N optimizer steps as well as after each epoch")
+    epochs: int = Field(3, ge=1, description="passes over the training data")
+    batch_size: int = Field(8, ge=1, description="rows per micro-batch per process")
+    eval_batch_size: int = Field(32, ge=1, description="rows per evaluation batch per process")
+    accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    save_interval: int = Field(0, ge=0, description="checkpoint every N optimizer steps (0: only the final one)")
+    eval_interval: int = Field(0, ge=0, description="evaluate every N optimizer steps as well as after each epoch")
 
 
 class CallbackSpec(StrictModel):
@@ -118,13 +123,6 @@ class CallbackSpec(StrictModel):
 
     kind: str = Field(..., description="registered callback name, e.g. early_stopping")
     params: dict = Field(default_factory=dict, description="constructor arguments")
-
-
-def packaged_config(name: str) -> Path:
-    """Path of a config shipped inside the package (olingo/configs/<name>)."""
-    from importlib import resources
-
-    return Path(str(resources.files("olingo") / "configs" / name))
 
 
 def assets_root() -> Path:
@@ -151,36 +149,59 @@ def resolve_path(path: str) -> str:
     return str(getattr(assets, name))
 
 
-def prepare_run_dir(run: RunConfig, config: StrictModel, is_master: bool) -> Path:
-    """Create (or re-open, when resuming) the run directory and write config.yaml.
-
-    Only rank 0 looks and writes: another rank would find the directory rank 0 just made.
-    """
+def check_run_dir(run: RunConfig) -> Path:
+    """Where the run will live, checked but untouched: nothing is created or deleted until
+    `RunSetup.commit`, so a start that fails (bad config, data or model) costs nothing."""
     run_dir = Path(run.output_dir) / run.name
-    if not is_master:
-        return run_dir
-    if run.resume is None and run_dir.exists() and any(run_dir.iterdir()):
-        if not run.overwrite:
-            raise ConfigError(f"run directory {run_dir} already exists: pass run.resume=last to continue it or run.overwrite=true to start over")
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(config))
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} exists and is not a directory: change run.name or run.output_dir")
+    if run.resume is None and run_dir.is_dir() and any(run_dir.iterdir()) and not run.overwrite:
+        raise ConfigError(f"run directory {run_dir} already exists: pass run.resume=last to continue it or run.overwrite=true to start over")
+    parent = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot create the run directory {run_dir}: {parent} is not a writable directory (run.output_dir)")
     return run_dir
 
 
+def check_model_paths(paths: dict[str, str | None]) -> None:
+    """Each configured model path (`{config key: path}`) that is local must exist: checked
+    before anything loads, so the message names the key the user set."""
+    for key, path in paths.items():
+        if path is not None:
+            check_model_path(resolve_path(path), key)
+
+
+def _checkpoint_listing(run_dir: Path) -> str:
+    names = [row.name for row in CheckpointManager(run_dir).rows()]
+    if not names:
+        return f"{run_dir} has no complete checkpoint"
+    return f"complete checkpoints of {run_dir}: {', '.join(names)} (run.resume=last takes {names[-1]})"
+
+
 def resume_checkpoint(run: RunConfig, run_dir: Path) -> Path | None:
-    """The checkpoint directory `run.resume` names, or None for a fresh start."""
+    """The checkpoint directory `run.resume` names, checked, or None for a fresh start.
+
+    `last` is the run's last complete checkpoint (none yet: a fresh start, with a warning); a
+    path must be a complete checkpoint (it holds trainer_state.json) or a run directory, whose
+    last complete checkpoint is taken. Anything else is a `ResumeError` listing what exists.
+    """
     if run.resume is None:
         return None
-    if run.resume != "last":
-        return Path(run.resume)
-    manager = CheckpointManager(run_dir)
-    manager.remove_stale_temporaries()
-    row = manager.last()
-    if row is None:
-        logger.warning("run.resume=last but %s has no checkpoint yet: starting from scratch", run_dir)
-        return None
-    return run_dir / row.path
+    if run.resume == "last":
+        row = CheckpointManager(run_dir).last()
+        if row is None:
+            logger.warning("run.resume=last but %s has no checkpoint yet: starting from scratch", run_dir)
+            return None
+        return run_dir / row.path
+    path = Path(run.resume)
+    if (path / "trainer_state.json").is_file():
+        return path
+    owner = path.parent.parent if path.parent.name == "checkpoints" else path
+    if (path / MANIFEST).is_file() and CheckpointManager(path).last() is not None:
+        return path / CheckpointManager(path).last().path
+    what = "does not exist" if not path.exists() else "holds no complete checkpoint (no trainer_state.json)"
+    listings = {_checkpoint_listing(d) for d in (owner, run_dir) if (d / MANIFEST).is_file() or d == run_dir and d.is_dir()}
+    raise ResumeError(f"run.resume={run.resume}: {path} {what}; " + ("; ".join(sorted(listings)) or f"{run_dir} does not exist yet"))
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.Optimizer:
@@ -204,12 +225,36 @@ def build_callbacks(specs: list[CallbackSpec]) -> list[Callback]:
 
 @dataclass
 class RunSetup:
-    """What every stage opens before it loads anything: seeded RNG, plugin, run directory."""
+    """What every stage opens before it loads anything: seeded RNG, plugin, and the run
+    directory and checkpoint to resume, checked but not yet written (see `commit`)."""
 
     booster: Booster
     plugin: Plugin
     coordinator: DistCoordinator
     run_dir: Path
+    run: RunConfig
+    config: StrictModel
+    checkpoint: Path | None = None
+
+    def commit(self) -> None:
+        """Once config, data and models are loaded (and a resume's checkpoint restored): delete
+        the old run when overwriting, create the run directory and write config.yaml. Before
+        this nothing of an earlier run is touched. Rank 0 writes; every rank waits for it."""
+        if self.coordinator.is_master:
+            commit_run_dir(self.run, self.config, self.run_dir)
+        self.coordinator.barrier()
+
+
+def commit_run_dir(run: RunConfig, config: StrictModel, run_dir: Path) -> None:
+    """Start over (`run.overwrite`) or reopen `run_dir`; write the resolved config.yaml."""
+    try:
+        if run.resume is None and run.overwrite and run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(dump_config(config))
+    except OSError as err:
+        raise RunIOError(f"cannot write the run directory {run_dir}: {err.strerror or err} (errno {err.errno})") from None
+    CheckpointManager(run_dir).remove_stale_temporaries()
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
@@ -231,20 +276,37 @@ def make_plugin(plugin_cfg: PluginConfig, max_norm: float | None) -> Plugin:
     return SingleProcessPlugin(max_norm=max_norm)
 
 
-def open_run(run: RunConfig, plugin_cfg: PluginConfig, max_norm: float | None, config: StrictModel) -> RunSetup:
-    """Seed once, build the plugin, create the run directory."""
+def open_run(run: RunConfig, plugin_cfg: PluginConfig, max_norm: float | None, config: StrictModel, logging_cfg: LoggingConfig | None = None) -> RunSetup:
+    """Seed once, build the plugin, check the run directory and the checkpoint to resume.
+
+    Nothing is written here: the caller loads and validates everything, then `setup.commit()`.
+    Every rank checks before the barrier, so none can see a directory rank 0 has just made.
+    """
     seed_everything(run.seed)
     plugin = make_plugin(plugin_cfg, max_norm)
-    booster = Booster(plugin=plugin)
     coordinator = DistCoordinator()
-    run_dir = prepare_run_dir(run, config, coordinator.is_master)
+    run_dir = check_run_dir(run)
+    checkpoint = resume_checkpoint(run, run_dir)
+    if logging_cfg is not None and logging_cfg.wandb:
+        check_installed("wandb", "logging.wandb=true")
     coordinator.barrier()
-    return RunSetup(booster, plugin, coordinator, run_dir)
+    return RunSetup(Booster(plugin=plugin), plugin, coordinator, run_dir, run, config, checkpoint)
+
+
+def check_batch_fits(rows: int, batch_size: int, world_size: int, batch_key: str, data_key: str) -> None:
+    """A batch must not be larger than the data it is drawn from: say which key to lower."""
+    if rows < batch_size * world_size:
+        processes = f" x {world_size} processes" if world_size > 1 else ""
+        raise ConfigError(
+            f"{batch_key}={batch_size}{processes} is larger than the {rows} rows of {data_key}: "
+            f"lower {batch_key} or add data"
+        )
 
 
 def loaders_and_optimizer(setup: RunSetup, train: OptimConfig, seed: int, model: torch.nn.Module, train_set, eval_set, collate):
     """Sharded resumable loaders, AdamW, and a schedule sized in true optimizer steps."""
     plugin = setup.plugin
+    check_batch_fits(len(train_set), train.batch_size, setup.coordinator.world_size, "train.batch_size", "data.train")
     train_loader = plugin.prepare_dataloader(train_set, train.batch_size, shuffle=True, seed=seed, collate_fn=collate)
     eval_loader = plugin.prepare_dataloader(eval_set, train.eval_batch_size, shuffle=False, collate_fn=collate, even=False) if eval_set else None
     total_steps = train.epochs * optimizer_steps_per_epoch(len(train_loader), train.accumulation_steps)
@@ -277,9 +339,9 @@ def fit_run(
     attach_experiment(trainer, ctx, evaluators)
     trainer.show_progress = cfg.logging.progress
     trainer.run_config = cfg.model_dump(mode="json")
-    checkpoint = resume_checkpoint(cfg.run, setup.run_dir)
-    if checkpoint is not None:
-        trainer.load_checkpoint(checkpoint)
+    if setup.checkpoint is not None:
+        trainer.load_checkpoint(setup.checkpoint)
+    setup.commit()
     artifacts = trainer.fit(train_loader, eval_loader, log_dir=str(setup.run_dir), use_wandb=cfg.logging.wandb)
     return {
         "run_dir": str(setup.run_dir),

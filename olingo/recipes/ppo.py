@@ -31,12 +31,13 @@ from olingo.recipes.common import (
     RunConfig,
     attach_experiment,
     build_callbacks,
+    check_batch_fits,
+    check_model_paths,
     enable_gradient_checkpointing,
     make_plugin,
     open_run,
     optimizer_and_schedule,
     resolve_path,
-    resume_checkpoint,
 )
 from olingo.trainer._support import Evaluator
 from olingo.trainer.callbacks import Callback, LogContext
@@ -62,10 +63,10 @@ class RewardConfig(StrictModel):
 
     model: str | None = Field(None, description="reward-model directory (olingo rm output); scored at the last real token")
     functions: dict[str, float] = Field(default_factory=dict, description="reward functions by name with weights, e.g. {arithmetic_exact: 1.0}")
-    clip: float | None = Field(5.0, description="clip the sequence score to [-clip, clip] (null: no clipping)")
+    clip: float | None = Field(5.0, gt=0, description="clip the sequence score to [-clip, clip] (null: no clipping)")
     normalize: bool = Field(False, description="normalise scores with a running mean and std")
     placement: Literal["last", "every"] = Field("last", description="add the score at the last response token, or to every token")
-    truncation_penalty: float = Field(0.0, description="subtracted from the score of responses cut off at max_new_tokens")
+    truncation_penalty: float = Field(0.0, ge=0, description="subtracted from the score of responses cut off at max_new_tokens")
 
     @model_validator(mode="after")
     def _one_source(self) -> RewardConfig:
@@ -82,60 +83,60 @@ class PPODataConfig(StrictModel):
     prompts: list[str] = Field(default_factory=lambda: ["builtin:prompts_train"], description="prompt files, saved datasets or hub ids")
     eval_prompts: list[str] = Field(default_factory=lambda: ["builtin:prompts_eval"], description="held-out prompts (empty list: no evaluation)")
     pretrain: list[str] = Field(default_factory=list, description="SFT-format data for the ptx loss (needed when ppo.ptx_coef > 0)")
-    max_prompt_length: int = Field(256, description="prompt tokens kept (the end of longer prompts)")
-    max_pretrain_length: int = Field(512, description="tokens per pretrain row")
+    max_prompt_length: int = Field(256, gt=0, description="prompt tokens kept (the end of longer prompts)")
+    max_pretrain_length: int = Field(512, gt=0, description="tokens per pretrain row")
     skip_invalid: bool = Field(False, description="skip bad rows (and log how many) instead of stopping")
 
 
 class GenerationConfig(StrictModel):
     """Rollout sampling (transformers generate with a KV cache)."""
 
-    max_new_tokens: int = Field(64, description="response tokens at most; longer responses are truncated")
+    max_new_tokens: int = Field(64, ge=1, description="response tokens at most; longer responses are truncated")
     do_sample: bool = Field(True, description="sample (true) or decode greedily")
-    temperature: float = Field(1.0, description="sampling temperature; log-probs are taken at the same temperature")
-    top_k: int = Field(0, description="sample from the k most likely tokens (0: off)")
-    top_p: float = Field(1.0, description="nucleus sampling mass (1.0: off)")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature; log-probs are taken at the same temperature")
+    top_k: int = Field(0, ge=0, description="sample from the k most likely tokens (0: off)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1.0: off)")
     stop_strings: list[str] = Field(default_factory=list, description="extra strings that end a response (the eos token always does)")
 
 
 class PPOAlgoConfig(StrictModel):
     """PPO loop and loss settings."""
 
-    episodes: int = Field(10, description="collect-then-learn rounds")
-    collect_steps: int = Field(1, description="prompt batches collected per episode")
-    update_steps: int = Field(1, description="PPO epochs over each episode's experience")
-    rollout_batch_size: int = Field(16, description="prompts per collect step per process")
-    train_batch_size: int = Field(8, description="rollouts per minibatch per process")
-    accumulation_steps: int = Field(1, description="minibatches per optimizer step")
-    kl_coef: float = Field(0.1, description="KL penalty coefficient (initial value when adaptive)")
+    episodes: int = Field(10, ge=1, description="collect-then-learn rounds")
+    collect_steps: int = Field(1, ge=1, description="prompt batches collected per episode")
+    update_steps: int = Field(1, ge=1, description="PPO epochs over each episode's experience")
+    rollout_batch_size: int = Field(16, ge=1, description="prompts per collect step per process")
+    train_batch_size: int = Field(8, ge=1, description="rollouts per minibatch per process")
+    accumulation_steps: int = Field(1, ge=1, description="minibatches per optimizer step")
+    kl_coef: float = Field(0.1, ge=0, description="KL penalty coefficient (initial value when adaptive)")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimate in the reward")
-    kl_target: float | None = Field(None, description="adaptive KL: target per-sequence KL (null: fixed kl_coef)")
-    kl_horizon: int = Field(10000, description="adaptive KL horizon in rollouts")
-    gamma: float = Field(1.0, description="GAE discount")
-    lam: float = Field(0.95, description="GAE lambda")
+    kl_target: float | None = Field(None, gt=0, description="adaptive KL: target per-sequence KL (null: fixed kl_coef)")
+    kl_horizon: int = Field(10000, ge=1, description="adaptive KL horizon in rollouts")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
     whiten_advantages: bool = Field(True, description="normalise advantages per experience batch")
     global_whitening: bool = Field(False, description="whiten with the statistics of every data-parallel rank's batch together (as one process would), not per rank")
     reuse_rollout_log_probs: bool = Field(False, description="take pi_old log-probs from generate's own logits instead of a second actor forward (faster; holds B x A x vocab logits while generating)")
     skip_reference_when_kl_zero: bool = Field(False, description="with a fixed kl_coef of 0, skip the reference model's forward (the logged KL then reads 0)")
-    eps_clip: float = Field(0.2, description="policy ratio clip")
-    value_clip: float = Field(0.2, description="value clip around the rollout-time values")
-    vf_coef: float = Field(1.0, description="value-loss weight")
-    ptx_coef: float = Field(0.0, description="weight of the pretraining LM loss (needs data.pretrain)")
-    buffer_limit: int = Field(0, description="keep at most this many rollouts (0: all of the episode)")
+    eps_clip: float = Field(0.2, gt=0, description="policy ratio clip")
+    value_clip: float = Field(0.2, gt=0, description="value clip around the rollout-time values")
+    vf_coef: float = Field(1.0, ge=0, description="value-loss weight")
+    ptx_coef: float = Field(0.0, ge=0, description="weight of the pretraining LM loss (needs data.pretrain)")
+    buffer_limit: int = Field(0, ge=0, description="keep at most this many rollouts (0: all of the episode)")
     sample_buffer: bool = Field(False, description="train on randomly sampled minibatches instead of full passes")
     offload_inference_models: bool = Field(True, description="keep reference and reward models on CPU while learning")
-    save_interval: int = Field(0, description="checkpoint at the end of the episode reaching every N optimizer steps (0: final only)")
-    eval_interval: int = Field(0, description="evaluate on eval_prompts at the end of the episode reaching every N optimizer steps")
-    eval_batch_size: int = Field(64, description="prompts per evaluation batch")
-    eval_temperature: float | None = Field(None, description="sampling temperature for evaluation (default: the rollout temperature)")
+    save_interval: int = Field(0, ge=0, description="checkpoint at the end of the episode reaching every N optimizer steps (0: final only)")
+    eval_interval: int = Field(0, ge=0, description="evaluate on eval_prompts at the end of the episode reaching every N optimizer steps")
+    eval_batch_size: int = Field(64, ge=1, description="prompts per evaluation batch")
+    eval_temperature: float | None = Field(None, gt=0, description="sampling temperature for evaluation (default: the rollout temperature)")
     accuracy_function: str | None = Field(None, description="reward function counted as accuracy in evaluation (e.g. arithmetic_exact)")
 
 
 class ActorResources(StrictModel):
     """Ray resources of one actor."""
 
-    num_cpus: float = Field(1.0, description="CPUs reserved for the actor (also its torch threads)")
-    num_gpus: float = Field(0.0, description="GPUs reserved for the actor (fractions share a GPU)")
+    num_cpus: float = Field(1.0, ge=0, description="CPUs reserved for the actor (also its torch threads)")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs reserved for the actor (fractions share a GPU)")
 
 
 class RayConfig(StrictModel):
@@ -143,7 +144,7 @@ class RayConfig(StrictModel):
 
     enabled: bool = Field(False, description="run PPO as Ray actors instead of one process")
     address: str | None = Field(None, description="Ray cluster to join (default: $RAY_ADDRESS, else start a local instance)")
-    num_cpus: int | None = Field(None, description="CPUs of the local Ray instance started when none is joined (default: all)")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray instance started when none is joined (default: all)")
     num_makers: int = Field(1, ge=1, description="experience-maker actors, each with its own actor/critic/reward/reference copies")
     maker_resources: ActorResources = Field(default_factory=ActorResources, description="resources of each maker")
     trainer_resources: ActorResources = Field(default_factory=ActorResources, description="resources of the trainer")
@@ -198,10 +199,11 @@ def run_ppo(cfg: PPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogConte
     if algo.ptx_coef > 0 and not cfg.data.pretrain:
         raise ConfigError("ppo.ptx_coef > 0 needs data.pretrain (SFT-format rows for the ptx loss)")
     # 1. seed, plugins (one per trained model: each clips its own gradients), run directory
-    setup = open_run(cfg.run, cfg.plugin, cfg.actor_optim.max_grad_norm, cfg)
+    setup = open_run(cfg.run, cfg.plugin, cfg.actor_optim.max_grad_norm, cfg, cfg.logging)
     actor_booster, critic_booster = setup.booster, Booster(make_plugin(cfg.plugin, cfg.critic_optim.max_grad_norm))
 
     # 2. models: actor, frozen reference, critic, reward
+    check_model_paths({"model.actor": m.actor, "model.reference": m.reference, "model.critic": m.critic, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
     tokenizer = load_tokenizer(resolve_path(m.tokenizer or m.actor), padding_side="left")
     load = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     actor = m.lora.apply(load_causal_lm(resolve_path(m.actor), **load))
@@ -222,6 +224,9 @@ def run_ppo(cfg: PPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogConte
 
     # 4. loaders, optimizers, schedules sized in optimizer steps
     plugin, collate = setup.plugin, PromptCollator(tokenizer.pad_token_id)
+    check_batch_fits(len(prompts), algo.rollout_batch_size, setup.coordinator.world_size, "ppo.rollout_batch_size", "data.prompts")
+    if pretrain is not None:
+        check_batch_fits(len(pretrain), algo.train_batch_size, setup.coordinator.world_size, "ppo.train_batch_size", "data.pretrain")
     prompt_loader = plugin.prepare_dataloader(prompts, algo.rollout_batch_size, shuffle=True, seed=cfg.run.seed, collate_fn=collate, drop_last=True)
     eval_loader = plugin.prepare_dataloader(eval_prompts, algo.eval_batch_size, shuffle=False, collate_fn=collate, even=False) if eval_prompts else None
     pretrain_loader = plugin.prepare_dataloader(pretrain, algo.train_batch_size, shuffle=True, seed=cfg.run.seed, collate_fn=SFTCollator(tokenizer.pad_token_id), drop_last=True) if pretrain else None
@@ -257,9 +262,9 @@ def run_ppo(cfg: PPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogConte
     trainer.show_progress = cfg.logging.progress
     trainer.run_config = cfg.model_dump(mode="json")
     attach_experiment(trainer, ctx, evaluators)
-    checkpoint = resume_checkpoint(cfg.run, setup.run_dir)
-    if checkpoint is not None:
-        trainer.load_checkpoint(checkpoint)
+    if setup.checkpoint is not None:
+        trainer.load_checkpoint(setup.checkpoint)
+    setup.commit()
     artifacts = trainer.fit(
         algo.episodes, algo.collect_steps, algo.update_steps, prompt_loader, pretrain_loader,
         log_dir=str(setup.run_dir), use_wandb=cfg.logging.wandb, eval_dataloader=eval_loader,

@@ -26,6 +26,7 @@ from olingo.recipes.common import (
     PluginConfig,
     RunConfig,
     build_callbacks,
+    check_model_paths,
     enable_gradient_checkpointing,
     fit_run,
     loaders_and_optimizer,
@@ -42,7 +43,7 @@ class RMDataConfig(StrictModel):
 
     train: list[str] = Field(default_factory=lambda: ["builtin:preference_train"], description="JSON/JSONL/Parquet files, saved datasets or hub ids")
     eval: list[str] = Field(default_factory=lambda: ["builtin:preference_eval"], description="held-out pairs (empty list: no evaluation)")
-    max_length: int = Field(128, description="tokens per sequence; longer rows lose the start of the prompt")
+    max_length: int = Field(128, gt=0, description="tokens per sequence; longer rows lose the start of the prompt")
     skip_invalid: bool = Field(False, description="skip bad rows (and log how many) instead of stopping")
 
 
@@ -50,7 +51,7 @@ class RMTrainConfig(OptimConfig):
     """Optimisation, plus the pairwise loss."""
 
     loss: Literal["logsig", "logexp"] = Field("logsig", description="pairwise loss")
-    beta: float = Field(1.0, description="inverse temperature of the preference model in the loss")
+    beta: float = Field(1.0, gt=0, description="inverse temperature of the preference model in the loss")
 
 
 class RMConfig(StrictModel):
@@ -71,9 +72,10 @@ def run_rm(
 ) -> dict:
     """Train a reward model as `cfg` says; returns the run directory and final eval metrics."""
     # 1. seed, plugin, run directory
-    setup = open_run(cfg.run, cfg.plugin, cfg.train.max_grad_norm, cfg)
+    setup = open_run(cfg.run, cfg.plugin, cfg.train.max_grad_norm, cfg, cfg.logging)
 
     # 2. tokenizer and model: a new value head on a causal LM, or a saved reward model
+    check_model_paths({"model.path": cfg.model.path, "model.tokenizer": cfg.model.tokenizer})
     tokenizer = load_tokenizer(resolve_path(cfg.model.tokenizer or cfg.model.path))
     model = RewardModel.from_pretrained(resolve_path(cfg.model.path), pad_token_id=tokenizer.pad_token_id, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
     model = cfg.model.lora.apply(model)

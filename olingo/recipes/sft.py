@@ -25,6 +25,7 @@ from olingo.recipes.common import (
     PluginConfig,
     RunConfig,
     build_callbacks,
+    check_model_paths,
     enable_gradient_checkpointing,
     fit_run,
     loaders_and_optimizer,
@@ -41,7 +42,7 @@ class SFTDataConfig(StrictModel):
 
     train: list[str] = Field(default_factory=lambda: ["builtin:sft_train"], description="JSON/JSONL/Parquet files, saved datasets or hub ids")
     eval: list[str] = Field(default_factory=lambda: ["builtin:sft_eval"], description="held-out conversations (empty list: no evaluation)")
-    max_length: int = Field(512, description="tokens per row; longer rows lose their end")
+    max_length: int = Field(512, gt=0, description="tokens per row; longer rows lose their end")
     skip_invalid: bool = Field(False, description="skip bad rows (and log how many) instead of stopping")
     apply_loss_mask: bool = Field(True, description="train on assistant tokens only (false: on every token)")
 
@@ -64,9 +65,10 @@ def run_sft(
 ) -> dict:
     """Fine-tune as `cfg` says; returns the run directory, final model and eval metrics."""
     # 1. seed, plugin, run directory
-    setup = open_run(cfg.run, cfg.plugin, cfg.train.max_grad_norm, cfg)
+    setup = open_run(cfg.run, cfg.plugin, cfg.train.max_grad_norm, cfg, cfg.logging)
 
     # 2. tokenizer and model
+    check_model_paths({"model.path": cfg.model.path, "model.tokenizer": cfg.model.tokenizer})
     tokenizer = load_tokenizer(resolve_path(cfg.model.tokenizer or cfg.model.path))
     model = load_causal_lm(resolve_path(cfg.model.path), dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
     model = cfg.model.lora.apply(model)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from olingo.trainer import interrupt
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import MANIFEST
 
@@ -103,3 +104,27 @@ def restore_callback_states(callbacks: Sequence[Callback], states: dict[str, Any
 def due_evaluators(evaluators: Sequence[Evaluator], since: int, step: int) -> list[Evaluator]:
     """Evaluators with a multiple of their `every` in the steps (since, step]."""
     return [e for e in evaluators if e.every > 0 and step // e.every > since // e.every]
+
+
+def check_stop_signal(state: LoopState, plugin: Any) -> bool:
+    """After an optimizer step: when SIGINT/SIGTERM arrived (on any rank), request the stop and
+    remember the signal, so the loop ends with a `step_<N>` checkpoint instead of `final`."""
+    signum = interrupt.stop_requested(plugin)
+    if signum is None:
+        return False
+    state.extra["stop_signal"] = signum
+    state.request_stop()
+    return True
+
+
+def last_checkpoint_name(state: LoopState) -> str:
+    """`final` at the end of training; `step_<N>` when a signal stopped it (it is not final)."""
+    return f"step_{state.step}" if state.extra.get("stop_signal") else "final"
+
+
+def raise_if_interrupted(state: LoopState, save_dir: Path | None, rows: Sequence[ManifestRow]) -> None:
+    """After a loop that a signal stopped (hooks all fired): raise `TrainingInterrupted`."""
+    signum = state.extra.get("stop_signal")
+    if signum:
+        checkpoint = save_dir / rows[-1].path if save_dir is not None and rows else None
+        raise interrupt.TrainingInterrupted(signum, state.step, checkpoint)

@@ -39,12 +39,16 @@ from torch.utils.data import DataLoader
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
 from olingo.dataset.sampler import ResumableSampler
+from olingo.trainer import interrupt
 from olingo.trainer._support import (
     Evaluator,
     callback_states,
+    check_stop_signal,
     default_callbacks,
     due_evaluators,
+    last_checkpoint_name,
     loop_artifacts,
+    raise_if_interrupted,
     restore_callback_states,
     run_evaluator,
 )
@@ -136,6 +140,7 @@ class SLTrainer(ABC):
             state.step = self.start_epoch * self._steps_per_epoch()
         t0, error = time.time(), None
         dispatch(self.callbacks, "on_train_start", state)
+        interrupt.arm()
         try:
             for epoch in range(first_epoch, self.max_epochs):
                 state.epoch = epoch
@@ -144,13 +149,15 @@ class SLTrainer(ABC):
                 if state.stop_requested:
                     break
                 self._eval(epoch)
-            self._save_checkpoint("final")
+            self._save_checkpoint(last_checkpoint_name(state))
         except BaseException as err:
             error = err
             raise
         finally:
+            interrupt.disarm()
             artifacts = loop_artifacts(state, self.save_dir, self._saved_rows, t0, error)
             dispatch(self.callbacks, "on_train_end", state, artifacts)
+        raise_if_interrupted(state, self.save_dir, self._saved_rows)
         return artifacts
 
     def _train_epoch(self, epoch: int, consumed: int) -> None:
@@ -213,6 +220,8 @@ class SLTrainer(ABC):
     def _after_step(self, batch: Any, metrics: dict[str, float]) -> None:
         step = self.state.step
         dispatch(self.callbacks, "on_step_end", self.state, step, batch, metrics)
+        if check_stop_signal(self.state, self.plugin):
+            return  # the loop ends now and checkpoints this step
         if self.save_interval and step % self.save_interval == 0:
             self._save_checkpoint(f"step_{step}")
         if self.eval_interval and step % self.eval_interval == 0:

@@ -24,6 +24,7 @@ from typing import Any
 
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.cluster import DistCoordinator
+from olingo.errors import RunIOError
 from olingo.trainer.callbacks.state import ManifestRow
 
 logger = logging.getLogger("olingo.checkpoint")
@@ -47,6 +48,23 @@ def load_trained(booster: Booster, directory: Path, name: str, model: Any, optim
     booster.load_model(model, shards if shards.is_dir() else directory / name)
     optimizer_shards = directory / f"{optimizer_stem}.dcp"
     booster.load_optimizer(optimizer, optimizer_shards if optimizer_shards.is_dir() else directory / f"{optimizer_stem}.pt")
+
+
+def _is_write_failure(err: RuntimeError) -> bool:
+    """torch.save reports a full disk as RuntimeError("... PytorchStreamWriter failed writing ...")."""
+    return "failed writing" in str(err) or "write failed" in str(err)
+
+
+def describe_os_error(err: BaseException, path: Path) -> str:
+    """'No space left on device (errno 28)' for an OSError; for the RuntimeError torch.save
+    raises instead, its first line and the free space left where `path` lives."""
+    if isinstance(err, OSError):
+        return f"{err.strerror or err} (errno {err.errno})"
+    try:
+        free = f"; {shutil.disk_usage(path).free / 2**20:.0f} MiB free there"
+    except OSError:
+        free = ""
+    return f"{str(err).splitlines()[0] if str(err) else type(err).__name__}{free}"
 
 
 class CheckpointManager:
@@ -81,24 +99,42 @@ class CheckpointManager:
         coord = self.coordinator
         tmp = self.root / f".tmp-{name}"
         final = self.root / name
-        if coord.is_master:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        coord.barrier()
-        write(tmp)
-        coord.barrier()
-        if coord.is_master:
-            if final.exists():  # an orphan of a killed run, never listed in the manifest
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        row = ManifestRow(name=name, step=step, epoch=epoch, batch=batch, path=str(final.relative_to(self.run_dir)), time=time.time())
-        if coord.is_master:
-            with self.manifest_path.open("a") as f:
-                f.write(json.dumps(row.to_json()) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+        row = ManifestRow(name=name, step=step, epoch=epoch, batch=batch, path=str(final.relative_to(self.run_dir)), time=0.0)
+        try:
+            if coord.is_master:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            coord.barrier()
+            write(tmp)
+            coord.barrier()
+            if coord.is_master:
+                if final.exists():  # an orphan of a killed run, never listed in the manifest
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+            row.time = time.time()
+            if coord.is_master:
+                with self.manifest_path.open("a") as f:
+                    f.write(json.dumps(row.to_json()) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+        except (OSError, RuntimeError) as err:
+            if isinstance(err, RuntimeError) and not _is_write_failure(err):
+                raise
+            raise self._write_error(name, tmp, err) from None
         coord.barrier()
         return row
+
+    def _write_error(self, name: str, tmp: Path, err: BaseException) -> RunIOError:
+        """A checkpoint that could not be written: free its partial files, keep the manifest
+        (its last row is still a complete checkpoint) and say how to go on."""
+        if self.coordinator.is_master:
+            shutil.rmtree(tmp, ignore_errors=True)
+        last = self.last()
+        kept = f"the last complete checkpoint {self.run_dir / last.path} is kept" if last else "no earlier checkpoint exists"
+        return RunIOError(
+            f"could not write checkpoint '{name}' into {tmp.parent}: {describe_os_error(err, self.run_dir)}; {kept}: "
+            "free space or fix permissions, then resume with run.resume=last"
+        )
 
     def remove_stale_temporaries(self) -> None:
         """Delete `.tmp-*` directories a killed run left behind."""

@@ -43,12 +43,16 @@ from olingo.booster import Booster
 from olingo.cluster import DistCoordinator
 from olingo.experience_buffer import NaiveExperienceBuffer
 from olingo.experience_maker import Experience
+from olingo.trainer import interrupt
 from olingo.trainer._support import (
     Evaluator,
     callback_states,
+    check_stop_signal,
     default_callbacks,
     due_evaluators,
+    last_checkpoint_name,
     loop_artifacts,
+    raise_if_interrupted,
     restore_callback_states,
     run_evaluator,
 )
@@ -145,6 +149,7 @@ class OLTrainer(ABC):
         state.policy, state.tokenizer = self._policy()
         t0, error, artifacts = time.time(), None, None
         dispatch(self.callbacks, "on_train_start", state)
+        interrupt.arm()
         try:
             dispatch(self.callbacks, "on_fit_start")
             try:
@@ -152,20 +157,24 @@ class OLTrainer(ABC):
                     state.epoch, self._episode_start_step = episode, state.step
                     self._run_episode(episode, num_collect_steps, num_update_steps)
                     self.start_episode = episode + 1
+                    if state.extra.get("stop_signal"):
+                        break  # straight to the checkpoint: no evaluation
                     self._after_episode()
                     if state.stop_requested:
                         break
-                if self.last_eval_metrics is None or self._last_eval_step != state.step:
+                if not state.extra.get("stop_signal") and (self.last_eval_metrics is None or self._last_eval_step != state.step):
                     self._run_eval()  # the final policy is always evaluated
-                self._save_checkpoint("final")
+                self._save_checkpoint(last_checkpoint_name(state))
             finally:
                 dispatch(self.callbacks, "on_fit_end")
         except BaseException as err:
             error = err
             raise
         finally:
+            interrupt.disarm()
             artifacts = self._artifacts(t0, error)
             dispatch(self.callbacks, "on_train_end", state, artifacts)
+        raise_if_interrupted(state, self.save_dir, self._saved_rows)
         return artifacts
 
     def _run_episode(self, episode: int, num_collect_steps: int, num_update_steps: int) -> None:
@@ -205,6 +214,7 @@ class OLTrainer(ABC):
 
     def _after_step(self, batch: Any, metrics: dict[str, float]) -> None:
         dispatch(self.callbacks, "on_step_end", self.state, self.state.step, batch, metrics)
+        check_stop_signal(self.state, self.actor_booster.plugin)
 
     def _run_eval(self) -> dict[str, float] | None:
         self._last_eval_step = self.state.step

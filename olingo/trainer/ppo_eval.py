@@ -42,7 +42,7 @@ def evaluate_policy(
         for batch in loader:
             scored = maker.rollout_and_score(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), generation)
             mask = scored.rollout.action_mask
-            kl = (kl_estimate(scored.log_probs, scored.ref_log_probs, "k1") * mask).sum(-1)
+            kl = kl_estimate(scored.log_probs, scored.ref_log_probs, "k1", mask).sum(-1)
             reward = scored.raw_score.double().cpu()
             totals += torch.tensor([len(reward), reward.sum(), (reward**2).sum(), kl.sum(), mask.sum(), scored.rollout.truncated.sum()], dtype=torch.float64)
             rows = scored.samples()

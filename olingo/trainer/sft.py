@@ -95,10 +95,11 @@ class SFTTrainer(SLTrainer):
         return {"loss": loss}  # the mean over ranks of these shares is the step's token-mean NLL
 
     def _evaluate(self) -> dict[str, float]:
-        totals = torch.zeros(2, device=self.booster.device)
+        # float64: a long evaluation adds up more tokens than float32 counts exactly (2^24).
+        totals = torch.zeros(2, dtype=torch.float64, device=self.booster.device)
         for batch in self.eval_dataloader:
             nll_sum, count = self._nll(self._to_device(batch))
-            totals += torch.stack([nll_sum, count])
+            totals += torch.stack([nll_sum, count]).double()
         nll_sum, count = self.plugin.all_reduce_sum(totals).tolist()
         loss = nll_sum / max(count, 1.0)
         return {"loss": loss, "ppl": float(torch.tensor(loss).exp()), "tokens": count}

@@ -162,7 +162,7 @@ class CsvMetrics(Callback):
 
     def on_run_end(self, ctx: LogContext, run_result: Any, arm: Any) -> None:
         if self._results is not None:
-            head = {key: getattr(arm, key if key != "run" else "name") for key in RESULT_COLUMNS}
+            head = {key: getattr(arm, {"run": "name", "stage": "stage_label"}.get(key, key)) for key in RESULT_COLUMNS}
             self._results.append({**head, **arm.metrics, **arm.eval_metrics})
 
     def on_experiment_end(self, ctx: LogContext, result: Any) -> None:

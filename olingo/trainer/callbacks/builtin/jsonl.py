@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from olingo.errors import RunIOError
 from olingo.trainer.callbacks.base import Callback
 from olingo.trainer.callbacks.builtin._common import as_number, atomic_rewrite, resolve_output_path
 from olingo.trainer.callbacks.registry import register_callback
@@ -88,13 +89,16 @@ class JsonlMetrics(Callback):
         if target is None:
             logger.warning("jsonl_metrics: no output_dir and a relative path; nothing will be written")
             return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if state.step > 0 and target.exists():
-            self._truncate_after(target, state.step)
-            self._fh = target.open("a", encoding="utf-8")
-        else:
-            self._fh = target.open("w", encoding="utf-8")
         self.file_path = target
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if state.step > 0 and target.exists():
+                self._truncate_after(target, state.step)
+                self._fh = target.open("a", encoding="utf-8")
+            else:
+                self._fh = target.open("w", encoding="utf-8")
+        except OSError as err:
+            raise RunIOError(f"could not open {target} for metrics: {err.strerror or err} (errno {err.errno})") from None
 
     def on_step_end(
         self, state: LoopState, step_idx: int, batch: Any, metrics: dict[str, float]
@@ -127,8 +131,23 @@ class JsonlMetrics(Callback):
                 continue
             row[key] = _jsonable(value)
         # One write call per complete line: a crash can tear at most the last line.
-        self._fh.write(json.dumps(row) + "\n")
-        self._fh.flush()
+        try:
+            self._fh.write(json.dumps(row) + "\n")
+            self._fh.flush()
+        except OSError as err:
+            raise self._write_error(err) from None
+
+    def _write_error(self, err: OSError) -> RunIOError:
+        """metrics.jsonl cannot be written: let go of the file and stop the run (see dispatch)."""
+        try:
+            self._fh.close()
+        except OSError:
+            pass  # the buffered line is what failed; it is lost either way
+        self._fh = None
+        return RunIOError(
+            f"could not write metrics to {self.file_path}: {err.strerror or err} (errno {err.errno}); "
+            "the last complete checkpoint is kept: free space or fix permissions, then resume with run.resume=last"
+        )
 
     @staticmethod
     def _truncate_after(target: Path, step: int) -> None:

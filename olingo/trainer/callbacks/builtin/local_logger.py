@@ -153,7 +153,7 @@ def experiment_markdown(name: str, status: str, hypothesis: str, metric: str | N
              "| run | arm | seed | stage | status | steps | " + (metric or "-") + " |", "|---|---|---|---|---|---|---|"]
     for a in arms:
         value = a.value(metric) if metric else None
-        lines.append(f"| {a.name} | {a.arm} | {a.seed} | {a.stage or ''} | {a.status} | {a.steps} | {_fmt(value) if value is not None else ''} |")
+        lines.append(f"| {a.name} | {a.arm} | {a.seed} | {a.stage_label} | {a.status} | {a.steps} | {_fmt(value) if value is not None else ''} |")
     table = aggregate(arms)
     keys = sorted({k for row in table.values() for k in row if k == metric or not k.startswith("train/")})
     if keys:

@@ -29,8 +29,9 @@ class PerformanceEvaluator(Callback):
     """Time the make-experience and learn phases through the online-trainer hooks.
 
     Per phase it sums wall seconds, sequences and tokens (generated response tokens for
-    make-experience; sequence tokens forwarded for learn). After each episode it logs one line;
-    at the end of fit it logs the totals and writes them to `<run_dir>/<path>`: seconds and
+    make-experience; sequence tokens forwarded for learn). After each episode it logs one line at
+    DEBUG (the same figures are in every step's `time/` and `perf/` metrics, and hundreds of
+    episode lines would bury the progress bar); at the end of fit it logs the totals and writes them to `<run_dir>/<path>`: seconds and
     share of each phase, samples/s and tokens/s of each, and peak accelerator memory. The first
     `ignore_episodes` episodes (warm-up, compilation) are left out of the totals.
     """
@@ -73,7 +74,7 @@ class PerformanceEvaluator(Callback):
     def on_episode_end(self, episode: int) -> None:
         self._episodes_seen += 1
         gen, learn = self.episode["make_experience"], self.episode["learn"]
-        logger.info(
+        logger.debug(
             "episode %d: make_experience %.2fs (%.0f tok/s), learn %.2fs (%.0f tok/s)",
             episode, gen["seconds"], _rate(gen["tokens"], gen["seconds"]), learn["seconds"], _rate(learn["tokens"], learn["seconds"]),
         )

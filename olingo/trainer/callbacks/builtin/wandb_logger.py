@@ -9,6 +9,7 @@ import string
 from pathlib import Path
 from typing import Any
 
+from olingo.errors import check_installed, require
 from olingo.trainer.callbacks.base import Callback
 from olingo.trainer.callbacks.builtin._common import as_number
 from olingo.trainer.callbacks.registry import register_callback
@@ -88,6 +89,7 @@ class WandbLogger(Callback):
         mode: str | None = None,
         tags: list[str] | None = None,
     ) -> None:
+        check_installed("wandb", "W&B logging (logging.wandb=true or the wandb_logger callback)")
         self.project = project
         self.name = name
         self.group = group
@@ -122,7 +124,7 @@ class WandbLogger(Callback):
 
     def _init(self, *, name: str | None, group: str | None, tags: list[str] | None, run_dir: Path | None,
               config: dict[str, Any] | None, run_id: str, resume: str | None) -> None:
-        import wandb
+        wandb = require("wandb", "W&B logging (logging.wandb=true or the wandb_logger callback)")
 
         settings = {} if "WANDB_SILENT" in os.environ else {"silent": True}
         self.run = wandb.init(

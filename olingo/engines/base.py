@@ -1,0 +1,55 @@
+"""The rollout-engine interface: prompts in, responses in the shared sequence layout out.
+
+Every generation backend (transformers `generate` today; vLLM next) implements `RolloutEngine`:
+
+    generate(input_ids, attention_mask, settings, n=1) -> Rollout
+        input_ids, attention_mask: (B, P) left-padded prompt token ids. Returns B * n rows,
+        prompt-major (row i * n + k is sample k of prompt i), laid out as DESIGN.md §4.1 says:
+        `sequences = [left-padded prompt | response, right-padded]`, an action mask over the
+        response up to and including its stop token, each row's finish reason ("stop" or
+        "length"), and optionally the per-token log-probs of the sampled tokens.
+    update_weights(named_tensors) -> int
+        Load new policy weights (name -> tensor, the names of the policy's state dict), strictly:
+        a key the engine's model lacks, or a full update that misses one, is an error. Returns
+        the number of tensors loaded.
+    close()
+        Free what the engine holds (processes, accelerator memory).
+
+A trainer never calls `generate` on a model; it asks its engine. `tests/test_engines.py` holds
+every engine to the layout contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from olingo.engines.settings import GenerationSettings, Rollout
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the experience makers and evaluation need from a generation backend."""
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, settings: GenerationSettings, n: int = 1) -> Rollout:
+        """B left-padded prompts -> B * n responses in the shared layout (see the module doc)."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, full: bool = True) -> int:
+        """Load policy weights by name, strictly; `full=False` allows a subset of the keys."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine's resources; it is not used afterwards."""
+        ...
+
+
+def repeat_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each prompt row `n` times in a row (prompt-major order), for `n` samples per prompt."""
+    if n < 1:
+        raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
+    if n == 1:
+        return input_ids, attention_mask
+    return input_ids.repeat_interleave(n, dim=0), attention_mask.repeat_interleave(n, dim=0)
