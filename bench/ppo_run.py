@@ -47,6 +47,7 @@ def optimizer_steps(spec: dict) -> int:
 def run_olingo(spec: dict, clock: PhaseClock | None) -> dict:
     from olingo.booster import Booster, SingleProcessPlugin
     from olingo.dataset.prompts import PromptCollator
+    from olingo.experience_maker import ExperienceConfig, RewardShaping
     from olingo.models.critic import Critic
     from olingo.models.loading import load_causal_lm
     from olingo.models.reward_model import RewardModel
@@ -86,7 +87,8 @@ def run_olingo(spec: dict, clock: PhaseClock | None) -> dict:
         actor_booster, critic_booster, actor, critic, reward, initial, actor_optim, critic_optim, actor_sched, critic_sched, tokenizer,
         kl_coef=spec["kl_coef"], ptx_coef=0.0, train_batch_size=spec["mini_batch_size"], eps_clip=spec["cliprange"], vf_coef=spec["vf_coef"],
         value_clip=spec["cliprange_value"], offload_inference_models=False, buffer_cpu_offload=False, callbacks=[UpdateClock()],
-        maker_kwargs={"gamma": spec["gamma"], "lam": spec["lam"], "reward_clip": None, **spec.get("olingo_maker_kwargs", {})},
+        experience_config=ExperienceConfig(gamma=spec["gamma"], lam=spec["lam"], **spec.get("olingo_experience", {})),
+        reward_shaping=RewardShaping(clip=None),
         max_new_tokens=spec["response_length"], do_sample=True, temperature=spec["temperature"], stop_token_ids=[],
     )
     batches = prompt_batches(spec)

@@ -38,9 +38,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def ppo_job(output_dir: str, name: str, episodes: int, makers: int) -> dict:
     overrides = [
-        f"run.output_dir={output_dir}", f"run.name={name}", "logging.progress=false", f"ppo.episodes={episodes}",
-        "ppo.eval_interval=0", "ppo.save_interval=0", "data.eval_prompts=[]", "ppo.rollout_batch_size=64",
-        "ppo.train_batch_size=16", "ppo.update_steps=2", "generation.max_new_tokens=8",
+        f"run.output_dir={output_dir}", f"run.name={name}", "logging.progress=false", f"loop.episodes={episodes}",
+        "loop.eval_interval=0", "loop.save_interval=0", "data.eval_prompts=[]", "loop.rollout_batch_size=64",
+        "loop.train_batch_size=16", "loop.update_steps=2", "generation.max_new_tokens=8",
     ]
     if makers:
         # the 2 cores split evenly: the trainer gets one, the makers share the other

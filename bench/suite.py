@@ -97,9 +97,9 @@ def ppo_spec(config: dict, updates: int, warmup: int) -> dict:
 
 OLINGO_VARIANTS = {  # optimisations, each switchable: impl name -> (runner impl, spec changes)
     "olingo": ("olingo", {}),
-    "olingo+reuse_logp": ("olingo", {"olingo_maker_kwargs": {"reuse_rollout_log_probs": True}}),
+    "olingo+reuse_logp": ("olingo", {"olingo_experience": {"reuse_rollout_log_probs": True}}),
     "olingo kl=0": ("olingo", {"kl_coef": 0.0}),
-    "olingo kl=0+skip_ref": ("olingo", {"kl_coef": 0.0, "olingo_maker_kwargs": {"skip_reference_when_kl_zero": True}}),
+    "olingo kl=0+skip_ref": ("olingo", {"kl_coef": 0.0, "olingo_experience": {"skip_reference_when_kl_zero": True}}),
 }
 
 

@@ -191,7 +191,7 @@ def _leaves(value: Any, prefix: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
 def _unknown_in(section: type[BaseModel], key: str, value: Any, at: KeyPath) -> list[UnknownKey]:
     """One unknown key; an unknown section that is no sibling's typo, or holds one value, is
     split into its leaves, so each gets its own hint (PPO's `train: {lr, kl_coef}` ->
-    `actor_optim.lr`, `ppo.kl_coef`; `trian.lr` -> `train.lr`)."""
+    `actor_optim.lr`, `experience.kl_coef`; `trian.lr` -> `train.lr`)."""
     leaves = list(_leaves(value, (key,)))
     if len(leaves) > 1 and sibling_hint((key,), key_tree(section)) is not None:
         return [UnknownKey(at, (key,))]

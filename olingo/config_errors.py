@@ -3,7 +3,7 @@
 `did_you_mean` compares one word with its siblings (difflib). `unknown_key_hint` works on the
 whole config tree: a typo of a sibling (`train.lerning_rate` -> `lr`), a known synonym from
 other libraries (`gradient_accumulation_steps` -> `accumulation_steps`), or a key put in the
-wrong section (`lr` at the top level -> `train.lr`; `train.kl_coef` in PPO -> `ppo.kl_coef`).
+wrong section (`lr` at the top level -> `train.lr`; `train.kl_coef` in PPO -> `experience.kl_coef`).
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ def plan_rm(cfg, world_size: int) -> Plan:  # noqa: ANN001 - RMConfig
 
 def plan_ppo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - PPOConfig
     """Actor and critic trained, reference and reward model frozen, plus generation's KV cache."""
-    m, algo = cfg.model, cfg.ppo
+    m, algo = cfg.model, cfg.loop
     common = dict(lora=m.lora, trust_remote_code=m.trust_remote_code)
     actor = model_shape(m.actor, reward=False, **common)
     critic = model_shape(m.critic or cfg.reward.model or m.actor, reward=True, **common)

@@ -16,10 +16,11 @@ What is drawn, and why (each figure says in its text what it left out):
   step (PPO logs `train/ptx_loss` 0 without pretrain data, and `rollout/kl` 0 when the reference
   forward is skipped at kl_coef 0), or a loss `<ns>/<x>_loss` whose coefficient `*/<x>_coef` is
   logged and 0 throughout.
-- A ±std band around a mean reward is drawn only when its median half-width is at most the range
-  the mean moves over (max - min of the logged means). A wider band (PPO's rollout reward is a
-  0/1 score: its std dwarfs the mean's movement) would set the y axis by itself and hide the
-  trend, so it is omitted and the legend says so. A flat mean therefore never gets a band.
+- A ±std band around a mean reward is drawn only when its median half-width is at most half the
+  range the drawn (smoothed) mean moves over. A wider band (a 0/1 reward's std dwarfs the mean's
+  movement; a reward-model score spreads over many units around a mean that moves a few) would set
+  the y axis by itself and hide the trend, so it is omitted and the legend says so. A flat mean
+  therefore never gets a band.
 - A KL coefficient that is constant for the whole run is a setting, not a curve: it goes into
   the KL figure's title; only an adaptive (varying) one is drawn, on a second y axis labelled
   "adaptive". In the namespace grids a metric constant over two or more points is titled with
@@ -288,9 +289,11 @@ def off_reason(series: Series, all_series: dict[str, Series]) -> str | None:
 
 def band_swamps_mean(mean: Iterable[float], std: Iterable[float]) -> bool:
     """Whether a ±std band would swamp its mean curve: the band's median half-width is larger
-    than the range (max - min) the mean moves over, so the band would set the y axis."""
+    than half the range (max - min) the drawn mean moves over, so the band, not the mean,
+    would set the y axis (a reward spread over many outcomes, say 0..10, around a mean moving
+    from 4 to 7)."""
     mean, std = np.asarray(list(mean), dtype=float), np.asarray(list(std), dtype=float)
-    return bool(np.median(std) > np.ptp(mean))
+    return bool(np.median(std) > 0.5 * np.ptp(mean))
 
 
 def _split_off(members: list[Series], all_series: dict[str, Series]) -> tuple[list[Series], list[str]]:
@@ -358,16 +361,16 @@ def _reward_figure(series: dict[str, Series], run_name: str, smooth: int | None)
         x, y, sd = _aligned(s, std)
         if len(x) < 2:  # a band needs two points; one eval's std has no trend to swamp
             continue
-        if band_swamps_mean(y, sd):
-            note = (
-                f"± {std.label} not drawn: median {np.median(sd):.2g} > range of the mean "
-                f"{np.ptp(y):.2g}"
-            )
-            ax.plot([], [], " ", label=note)  # a legend entry without a line
-            continue
         window = _window_for(s, smooth)
         if window > 1:  # the band follows the drawn (smoothed) mean, not the faint raw one
             y, sd = moving_average(y, window), moving_average(sd, window)
+        if band_swamps_mean(y, sd):
+            note = (
+                f"± {std.label} not drawn: its median {np.median(sd):.2g} > {0.5 * np.ptp(y):.2g}, "
+                "half the range of the mean"
+            )
+            ax.plot([], [], " ", label=note)  # a legend entry without a line
+            continue
         ax.fill_between(
             x, y - sd, y + sd, color=line.get_color(), alpha=0.15, linewidth=0,
             label=f"± {std.label}",

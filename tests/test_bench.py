@@ -9,6 +9,8 @@ import pytest
 from bench import workload
 from bench.common import BENCH, run_impl
 
+pytestmark = pytest.mark.slow  # runs the benchmark scripts in subprocesses
+
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):

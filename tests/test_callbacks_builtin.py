@@ -224,6 +224,7 @@ def inspect_wandb_log(path: Path) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_logs_metrics(tmp_path, offline_wandb_env):
     wandb = pytest.importorskip("wandb")
     run_dir = tmp_path / "run"
@@ -410,6 +411,7 @@ def test_registering_another_class_under_a_taken_name_raises():
     assert registered_callbacks()["jsonl_metrics"] is JsonlMetrics
 
 
+@pytest.mark.slow
 def test_builtin_module_imports_without_wandb():
     # sys.modules['wandb'] = None makes any `import wandb` fail, as if it were not installed.
     code = "import sys; sys.modules['wandb'] = None; import olingo.trainer.callbacks.builtin as b; print(len(b.__all__))"

@@ -86,6 +86,7 @@ def test_help_lists_the_registered_callback_kinds(argv, capsys):
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["plan", "--help"], ["report", "--help"], ["demo", "--help"]])
+@pytest.mark.slow
 def test_cheap_help_imports_neither_torch_nor_the_recipes(argv):
     code = (
         "import sys\nfrom olingo.cli.main import main\n"
@@ -101,6 +102,6 @@ def test_cheap_help_imports_neither_torch_nor_the_recipes(argv):
 def test_a_stage_command_still_gets_its_config_model():
     from olingo.cli.main import build_parser
 
-    args = build_parser().parse_args(["ppo", "ppo.episodes=2"])
+    args = build_parser().parse_args(["ppo", "loop.episodes=2"])
     assert args.config_model is config_class("ppo") and args.default_config == "ppo_tiny.yaml"
-    assert args.overrides == ["ppo.episodes=2"]
+    assert args.overrides == ["loop.episodes=2"]

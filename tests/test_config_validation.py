@@ -52,17 +52,17 @@ def problems(model: type, overrides: list[str], path=None) -> list[str]:
         (RMConfig, "train.beta=0", "Input should be greater than 0"),
         (RMConfig, "data.max_length=-5", "Input should be greater than 0"),
         (PPOConfig, "actor_optim.lr=0", "Input should be greater than 0"),
-        (PPOConfig, "ppo.episodes=0", "Input should be greater than or equal to 1"),
-        (PPOConfig, "ppo.rollout_batch_size=0", "Input should be greater than or equal to 1"),
-        (PPOConfig, "ppo.train_batch_size=0", "Input should be greater than or equal to 1"),
-        (PPOConfig, "ppo.accumulation_steps=0", "Input should be greater than or equal to 1"),
-        (PPOConfig, "ppo.kl_coef=-0.1", "Input should be greater than or equal to 0"),
-        (PPOConfig, "ppo.vf_coef=-1", "Input should be greater than or equal to 0"),
-        (PPOConfig, "ppo.ptx_coef=-1", "Input should be greater than or equal to 0"),
-        (PPOConfig, "ppo.eps_clip=0", "Input should be greater than 0"),
-        (PPOConfig, "ppo.gamma=1.01", "Input should be less than or equal to 1"),
-        (PPOConfig, "ppo.lam=-0.5", "Input should be greater than or equal to 0"),
-        (PPOConfig, "ppo.save_interval=-1", "Input should be greater than or equal to 0"),
+        (PPOConfig, "loop.episodes=0", "Input should be greater than or equal to 1"),
+        (PPOConfig, "loop.rollout_batch_size=0", "Input should be greater than or equal to 1"),
+        (PPOConfig, "loop.train_batch_size=0", "Input should be greater than or equal to 1"),
+        (PPOConfig, "loop.accumulation_steps=0", "Input should be greater than or equal to 1"),
+        (PPOConfig, "experience.kl_coef=-0.1", "Input should be greater than or equal to 0"),
+        (PPOConfig, "loss.vf_coef=-1", "Input should be greater than or equal to 0"),
+        (PPOConfig, "loss.ptx_coef=-1", "Input should be greater than or equal to 0"),
+        (PPOConfig, "loss.eps_clip=0", "Input should be greater than 0"),
+        (PPOConfig, "experience.gamma=1.01", "Input should be less than or equal to 1"),
+        (PPOConfig, "experience.lam=-0.5", "Input should be greater than or equal to 0"),
+        (PPOConfig, "loop.save_interval=-1", "Input should be greater than or equal to 0"),
         (PPOConfig, "generation.max_new_tokens=0", "Input should be greater than or equal to 1"),
         (PPOConfig, "generation.temperature=0", "Input should be greater than 0"),
         (PPOConfig, "generation.top_p=0", "Input should be greater than 0"),
@@ -85,7 +85,7 @@ def test_adam_betas_are_each_checked():
 
 def test_boundary_values_are_accepted():
     load_config(SFTConfig, None, ["train.warmup_ratio=0", "train.min_lr_ratio=1", "train.weight_decay=0", "model.lora.dropout=0", "run.seed=0"])
-    load_config(PPOConfig, None, ["generation.top_p=1", "ppo.kl_coef=0", "ppo.gamma=1", "ppo.lam=0", "ppo.ptx_coef=0", "generation.max_new_tokens=1"])
+    load_config(PPOConfig, None, ["generation.top_p=1", "experience.kl_coef=0", "experience.gamma=1", "experience.lam=0", "loss.ptx_coef=0", "generation.max_new_tokens=1"])
 
 
 def test_a_bad_value_in_the_file_names_the_file(tmp_path):
@@ -145,8 +145,12 @@ def test_an_unknown_key_in_the_file_names_the_file(tmp_path):
         (SFTConfig, "lr=1e-4", "(top level): unknown key 'lr' (did you mean 'train.lr'?)"),
         (SFTConfig, "seed=1", "(top level): unknown key 'seed' (did you mean 'run.seed'?)"),
         (RMConfig, "trian.lr=2", "(top level): unknown key 'trian.lr' (did you mean 'train.lr'?)"),
-        (PPOConfig, "train.kl_coef=0.1", "(top level): unknown key 'train.kl_coef' (did you mean 'ppo.kl_coef'?)"),
+        (PPOConfig, "train.kl_coef=0.1", "(top level): unknown key 'train.kl_coef' (did you mean 'experience.kl_coef'?)"),
         (PPOConfig, "ppo.lr=1e-6", "(top level): unknown key 'ppo.lr' (did you mean 'actor_optim.lr' or 'critic_optim.lr'?)"),
+        # The flat `ppo:` section of earlier versions: each old key points to its new section.
+        (PPOConfig, "ppo.kl_coef=0.1", "(top level): unknown key 'ppo.kl_coef' (did you mean 'experience.kl_coef'?)"),
+        (PPOConfig, "ppo.eps_clip=0.1", "(top level): unknown key 'ppo.eps_clip' (did you mean 'loss.eps_clip'?)"),
+        (PPOConfig, "ppo.episodes=3", "(top level): unknown key 'ppo.episodes' (did you mean 'loop.episodes'?)"),
         (SFTConfig, "model.lora_r=8", "(top level): unknown key 'model.lora_r' (did you mean 'model.lora.r'?)"),
     ],
 )
@@ -164,13 +168,13 @@ def test_a_key_in_the_wrong_section_suggests_its_full_path(model, override, line
         (SFTConfig, "train.epochss=2", "train", "epochs"),
         (SFTConfig, "train.batchsize=4", "train", "batch_size"),
         (SFTConfig, "train.per_device_train_batch_size=4", "train", "batch_size"),
-        (PPOConfig, "ppo.per_device_train_batch_size=4", "ppo", "train_batch_size"),
+        (PPOConfig, "loop.per_device_train_batch_size=4", "loop", "train_batch_size"),
         (SFTConfig, "train.grad_accum=4", "train", "accumulation_steps"),
         (RMConfig, "train.gradient_accumulation_steps=4", "train", "accumulation_steps"),
         (SFTConfig, "data.max_seq_len=256", "data", "max_length"),
         (RMConfig, "data.max_seq_length=256", "data", "max_length"),
-        (PPOConfig, "ppo.beta=0.1", "ppo", "kl_coef"),
-        (PPOConfig, "ppo.kl_beta=0.1", "ppo", "kl_coef"),
+        (PPOConfig, "experience.beta=0.1", "experience", "kl_coef"),
+        (PPOConfig, "experience.kl_beta=0.1", "experience", "kl_coef"),
         (PPOConfig, "data.train=[p.jsonl]", "data", "prompts"),
         (SFTConfig, "model.lora.alpah=8", "model.lora", "alpha"),
     ],
@@ -190,7 +194,7 @@ def test_a_misplaced_section_in_the_file_is_split_into_its_keys(tmp_path):
     path.write_text("train:\n  lr: 1.0e-6\n  kl_coef: 0.1\n")
     assert problems(PPOConfig, [], path) == [
         f"(top level): unknown key 'train.lr' (did you mean 'actor_optim.lr' or 'critic_optim.lr'?) in the config file {path}",
-        f"(top level): unknown key 'train.kl_coef' (did you mean 'ppo.kl_coef'?) in the config file {path}",
+        f"(top level): unknown key 'train.kl_coef' (did you mean 'experience.kl_coef'?) in the config file {path}",
     ]
 
 

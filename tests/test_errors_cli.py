@@ -89,6 +89,10 @@ CASES = {
         lambda out, data, tmp: rm_args(out, data, "fresh", "train.batch_size=100"),
         ["train.batch_size=100 is larger than the 64 rows of data.train"],
     ),
+    "max-length-without-room": (
+        lambda out, data, tmp: rm_args(out, data, "fresh", "data.max_length=3"),
+        ["data.max_length=3 leaves no room for text: the chat template alone takes"],
+    ),
     "run-dir-exists": (
         lambda out, data, tmp: rm_args(out, data, "done"),
         ["already exists", "run.resume=last", "run.overwrite=true"],

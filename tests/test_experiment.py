@@ -279,6 +279,7 @@ def wandb_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_wandb_offline_one_run_per_arm_grouped(tmp_path, small_sft, offline_wandb):
     wandb = pytest.importorskip("wandb")
     exp = experiment(
@@ -309,15 +310,15 @@ def test_ppo_matrix_with_in_loop_benchmark(tmp_path, assets):
     recorder = Recorder()
     base = (
         "{stage: ppo, config: 'packaged:ppo_tiny.yaml', logging: {progress: false}, data: {eval_prompts: []}, "
-        "generation: {max_new_tokens: 3}, ppo: {episodes: 2, update_steps: 1, rollout_batch_size: 8, train_batch_size: 8, eval_interval: 0, save_interval: 0}}"
+        "generation: {max_new_tokens: 3}, loop: {episodes: 2, update_steps: 1, rollout_batch_size: 8, train_batch_size: 8, eval_interval: 0, save_interval: 0}}"
     )
     exp = experiment(
-        tmp_path, f"matrix={{base: {base}, axes: {{ppo.kl_coef: [0.0, 0.2]}}, name: 'kl{{ppo.kl_coef}}'}}",
+        tmp_path, f"matrix={{base: {base}, axes: {{experience.kl_coef: [0.0, 0.2]}}, name: 'kl{{experience.kl_coef}}'}}",
         "benchmarks=[{kind: arithmetic, params: {limit: 3, max_new_tokens: 3}, run_every: 1}]",
         "success_metric=arithmetic/accuracy", callbacks=[recorder],
     )
     result = exp.run()
-    assert [(a.name, a.status, a.steps, a.run_config["ppo"]["kl_coef"]) for a in result.arms] == [
+    assert [(a.name, a.status, a.steps, a.run_config["experience"]["kl_coef"]) for a in result.arms] == [
         ("kl0.0", "completed", 2, 0.0), ("kl0.2", "completed", 2, 0.2),
     ]
     assert [(e.step, e.metrics["n"]) for e in result.arms[1].evals] == [(1, 3), (2, 3), (None, 3)]

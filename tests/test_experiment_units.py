@@ -61,7 +61,7 @@ def test_matrix_expands_the_cartesian_product_in_axis_order():
     assert list(arms) == ["lr0.1_b4", "lr0.1_b8", "lr0.1_b16", "lr0.2_b4", "lr0.2_b8", "lr0.2_b16"]
     assert arms["lr0.2_b8"] == {"stage": "sft", "train": {"epochs": 1, "lr": 0.2, "batch_size": 8}}
     assert matrix.base == {"stage": "sft", "train": {"epochs": 1}}  # the base is not modified
-    assert render_name(None, {"train.lr": 0.1, "ppo.kl_coef": 0.05}) == "lr=0.1_kl_coef=0.05"
+    assert render_name(None, {"train.lr": 0.1, "experience.kl_coef": 0.05}) == "lr=0.1_kl_coef=0.05"
     assert render_name("x/{a}", {"a": "b c"}) == "x_b_c"  # directory-safe
 
 
@@ -88,7 +88,7 @@ n_repeats: 2
 base_seed: 7
 runs:
   A: {stage: sft, train: {lr: 0.1}}
-  B: {stage: ppo, config: packaged:ppo_tiny.yaml, ppo: {kl_coef: 0.5}}
+  B: {stage: ppo, config: packaged:ppo_tiny.yaml, experience: {kl_coef: 0.5}}
 continual:
   - {name: more, overrides: {train.epochs: 2}}
 """))
@@ -101,7 +101,7 @@ continual:
         ("A__s7", "A", 7, "sft"), ("A__s8", "A", 8, "sft"), ("B__s7", "B", 7, "ppo"), ("B__s8", "B", 8, "ppo"),
     ]
     assert plans[1].config["run"] == {"name": "A__s8", "output_dir": str(tmp_path / "runs"), "seed": 8}
-    assert plans[2].config["ppo"]["kl_coef"] == 0.5 and plans[2].config["ppo"]["episodes"] == 500  # packaged file + change
+    assert plans[2].config["experience"]["kl_coef"] == 0.5 and plans[2].config["loop"]["episodes"] == 500  # packaged file + change
 
     single = load_config(ExperimentConfig, None, ["name=one", "run={stage: sft}", "continual=[{name: s2}, {name: s3}]"])
     chain = plan_runs(single, tmp_path, tmp_path / "runs")

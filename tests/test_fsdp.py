@@ -120,10 +120,10 @@ def ppo_args(tmp_path: Path, assets, name: str, per_process: int) -> list[str]:
     every cross-rank statistic matters. lr 1e-4: Adam turns float noise into lr-sized steps."""
     return [
         f"run.output_dir={tmp_path}", f"run.name={name}", "logging.progress=false", f"model.actor={assets.model_dir}",
-        "ppo.episodes=3", "ppo.update_steps=1", f"ppo.rollout_batch_size={per_process}", f"ppo.train_batch_size={per_process}", "ppo.save_interval=1",
+        "loop.episodes=3", "loop.update_steps=1", f"loop.rollout_batch_size={per_process}", f"loop.train_batch_size={per_process}", "loop.save_interval=1",
         "generation.max_new_tokens=4", "generation.do_sample=false", "actor_optim.lr=1e-4", "critic_optim.lr=1e-4",
-        "ppo.global_whitening=true", "ppo.kl_target=0.01", "ppo.kl_horizon=100", "reward.normalize=true",
-        "data.eval_prompts=[builtin:prompts_eval]", "ppo.eval_batch_size=16", "ppo.accuracy_function=arithmetic_exact",
+        "experience.global_whitening=true", "experience.kl_target=0.01", "experience.kl_horizon=100", "reward.normalize=true",
+        "data.eval_prompts=[builtin:prompts_eval]", "loop.eval_batch_size=16", "loop.accuracy_function=arithmetic_exact",
     ]
 
 

@@ -157,8 +157,8 @@ def test_lora_reward_model_trains_adapters_and_head_and_exports_for_both_loaders
 def ppo_config(tmp: Path, name: str, assets, *overrides: str) -> PPOConfig:
     return load_config(PPOConfig, packaged_config("ppo_tiny.yaml"), [
         f"run.output_dir={tmp}", f"run.name={name}", "logging.progress=false", f"model.actor={assets.model_dir}",
-        "ppo.episodes=3", "ppo.rollout_batch_size=8", "ppo.train_batch_size=4", "ppo.update_steps=1", "ppo.save_interval=2",
-        "generation.max_new_tokens=4", "actor_optim.lr=1e-2", "critic_optim.lr=1e-2", "data.eval_prompts=[]", "ppo.eval_interval=0",
+        "loop.episodes=3", "loop.rollout_batch_size=8", "loop.train_batch_size=4", "loop.update_steps=1", "loop.save_interval=2",
+        "generation.max_new_tokens=4", "actor_optim.lr=1e-2", "critic_optim.lr=1e-2", "data.eval_prompts=[]", "loop.eval_interval=0",
         *LORA, *overrides])
 
 

@@ -66,6 +66,7 @@ def mid_model(tmp_path_factory) -> str:
     ("tiny", ["train.batch_size=8", "data.max_length=64"]),
     ("mid", ["train.batch_size=8", "data.max_length=256", "model.lora.r=8", "model.gradient_checkpointing=true"]),
 ])
+@pytest.mark.slow
 def test_plan_is_within_tolerance_of_the_measured_peak(which, overrides, assets, mid_model, tmp_path):
     path = str(assets.model_dir) if which == "tiny" else mid_model
     cfg = load_config(SFTConfig, None, [f"model.path={path}", *overrides])
@@ -74,7 +75,7 @@ def test_plan_is_within_tolerance_of_the_measured_peak(which, overrides, assets,
 
 
 def test_ppo_plan_counts_kv_cache_shards_with_fsdp_and_trains_only_adapters_under_lora(assets):
-    args = [f"model.actor={assets.model_dir}", "data.max_prompt_length=64", "generation.max_new_tokens=64", "ppo.rollout_batch_size=32"]
+    args = [f"model.actor={assets.model_dir}", "data.max_prompt_length=64", "generation.max_new_tokens=64", "loop.rollout_batch_size=32"]
     plain = plan_ppo(load_config(PPOConfig, None, args), world_size=1)
     rows = {r.component: r.nbytes for r in plain.rows}
     # tiny Llama: 2 layers x (K and V) x 4 heads x 16 dims x 128 tokens x 32 rollouts x 4 bytes

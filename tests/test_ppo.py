@@ -18,8 +18,10 @@ from olingo.dataset.prompts import PromptCollator, build_prompt_dataset, parse_p
 from olingo.dataset.sampler import ResumableSampler
 from olingo.experience_buffer import NaiveExperienceBuffer
 from olingo.experience_maker import (
+    ExperienceConfig,
     GenerationSettings,
     NaiveExperienceMaker,
+    RewardShaping,
     action_log_probs,
     action_values,
     make_experience_batch,
@@ -56,12 +58,12 @@ def models(assets, tok, seed=0):
     return actor, reference, critic, reward
 
 
-def make_maker(assets, tok, **kwargs):
+def make_maker(assets, tok, **experience):
     actor, reference, critic, reward = models(assets, tok)
     # The untrained model samples nearly uniformly from 104 tokens: half of them as stop ids make
     # responses end at different steps, and some run to max_new_tokens.
     gen = GenerationSettings(max_new_tokens=6, stop_token_ids=list(range(3, 40)))
-    return NaiveExperienceMaker(actor, critic, reward, reference, tok, kl_coef=0.1, generation=gen, **kwargs)
+    return NaiveExperienceMaker(actor, critic, reward, reference, tok, kl_coef=0.1, config=ExperienceConfig(**experience), generation=gen)
 
 
 # ---- experience layout -----------------------------------------------------------------------
@@ -348,7 +350,7 @@ def test_learn_phase_batch_8_equals_batch_2_times_accumulation_4(assets, tok):
 
 
 def test_checkpoint_restores_each_piece_to_its_owner(assets, tok, tmp_path):
-    trainer = build_trainer(assets, tok, save_dir=str(tmp_path), maker_kwargs={"kl_target": 0.5, "kl_horizon": 100, "normalize_reward": True})
+    trainer = build_trainer(assets, tok, save_dir=str(tmp_path), experience_config=ExperienceConfig(kl_target=0.5, kl_horizon=100), reward_shaping=RewardShaping(normalize=True))
     trainer.show_progress = False
     trainer.fit(1, 1, 1, prompt_loader(assets, tok))
     saved_actor = copy.deepcopy(trainer.actor.state_dict())
@@ -356,7 +358,7 @@ def test_checkpoint_restores_each_piece_to_its_owner(assets, tok, tmp_path):
     maker_state = trainer.experience_maker.state_dict()
     assert maker_state["kl_ctl"]["value"] != 0.05 and maker_state["reward_moments"]["count"] == 8
 
-    fresh = build_trainer(assets, tok, seed=1, maker_kwargs={"kl_target": 0.5, "kl_horizon": 100, "normalize_reward": True})
+    fresh = build_trainer(assets, tok, seed=1, experience_config=ExperienceConfig(kl_target=0.5, kl_horizon=100), reward_shaping=RewardShaping(normalize=True))
     reference_before = copy.deepcopy(fresh.initial_model.state_dict())
     fresh.load_checkpoint(tmp_path / "checkpoints" / "final")
     for k, v in saved_actor.items():
@@ -374,8 +376,8 @@ def test_checkpoint_restores_each_piece_to_its_owner(assets, tok, tmp_path):
 def ppo_args(tmp_path, name, assets, extra=()):
     return [
         "ppo", f"run.output_dir={tmp_path}", f"run.name={name}", "logging.progress=false",
-        f"model.actor={assets.model_dir}", "ppo.episodes=6", "ppo.rollout_batch_size=8", "ppo.train_batch_size=4",
-        "ppo.update_steps=1", "ppo.save_interval=2", "generation.max_new_tokens=4", "actor_optim.lr=1e-3",
+        f"model.actor={assets.model_dir}", "loop.episodes=6", "loop.rollout_batch_size=8", "loop.train_batch_size=4",
+        "loop.update_steps=1", "loop.save_interval=2", "generation.max_new_tokens=4", "actor_optim.lr=1e-3",
         "critic_optim.lr=1e-3", "data.eval_prompts=[]", *extra,
     ]
 
@@ -389,6 +391,7 @@ def without_time(rows):
     return [{k: v for k, v in r.items() if not k.startswith(("time", "perf/"))} for r in rows]
 
 
+@pytest.mark.slow
 def test_ppo_kill_and_resume_equals_an_uninterrupted_run(tmp_path, assets):
     subprocess.run(olingo_cmd(*ppo_args(tmp_path, "straight", assets)), check=True, capture_output=True, timeout=300)
     straight = tmp_path / "straight"
@@ -412,13 +415,14 @@ def test_ppo_kill_and_resume_equals_an_uninterrupted_run(tmp_path, assets):
     assert read_jsonl(killed / "samples.jsonl") == read_jsonl(straight / "samples.jsonl")
 
 
+@pytest.mark.slow
 def test_ppo_cli_with_a_reward_model_writes_loadable_artifacts_and_report(tmp_path, assets):
     from transformers import AutoModelForCausalLM
 
     rm_dir = tmp_path / "rm"
     RewardModel.from_pretrained(str(assets.model_dir), pad_token_id=0).save_pretrained(rm_dir)
-    args = ppo_args(tmp_path, "neural", assets, [f"reward.model={rm_dir}", "reward.functions={}", "ppo.episodes=2", "ppo.eval_batch_size=32",
-                                               "data.eval_prompts=[builtin:prompts_eval]", "ppo.accuracy_function=arithmetic_exact", "callbacks=[{kind: csv_metrics}]"])
+    args = ppo_args(tmp_path, "neural", assets, [f"reward.model={rm_dir}", "reward.functions={}", "loop.episodes=2", "loop.eval_batch_size=32",
+                                               "data.eval_prompts=[builtin:prompts_eval]", "loop.accuracy_function=arithmetic_exact", "callbacks=[{kind: csv_metrics}]"])
     out = subprocess.run(olingo_cmd(*args), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = tmp_path / "neural"
@@ -436,20 +440,22 @@ def test_ppo_cli_with_a_reward_model_writes_loadable_artifacts_and_report(tmp_pa
     assert {p.name for p in (run_dir / "plots").glob("*.png")} >= {"reward.png", "kl.png", "loss.png"}
 
 
+@pytest.mark.slow
 def test_ppo_cli_bad_config_is_exit_2(tmp_path, assets):
     out = subprocess.run(olingo_cmd("ppo", "reward.model=/x", f"run.output_dir={tmp_path}"), capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "exactly one of reward.model" in out.stderr
+    assert out.returncode == 2 and "reward.model '/x' does not exist" in out.stderr
 
 
+@pytest.mark.slow
 def test_shortened_demo_raises_the_mean_reward(tmp_path):
     """The whole demo pipeline, shortened: PPO's mean rollout reward rises."""
-    from olingo.recipes.demo import run_demo
+    from olingo.cli.demo import run_demo
 
     result = run_demo(
         str(tmp_path),
         sft_overrides=["train.epochs=30", "logging.progress=false"],
         rm_overrides=["train.epochs=2", "logging.progress=false"],
-        ppo_overrides=["ppo.episodes=60", "ppo.eval_interval=0", "ppo.save_interval=0", "logging.progress=false"],
+        ppo_overrides=["loop.episodes=60", "loop.eval_interval=0", "loop.save_interval=0", "logging.progress=false"],
         print_table=False,
     )
     rows = [r for r in read_jsonl(tmp_path / "demo-ppo" / "metrics.jsonl") if r["split"] == "train"]

@@ -16,15 +16,15 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from olingo.experience_maker import Experience  # noqa: E402
+from olingo.experience_maker import Experience, RewardShaping  # noqa: E402
 from olingo.models import load_causal_lm  # noqa: E402
 from olingo.models.rlvr import RLVRRewardModel  # noqa: E402
 from olingo.ray.detached_replay_buffer import ACCEPTED, CLOSED, FULL, DetachedReplayBuffer  # noqa: E402
 from olingo.ray.detached_trainer_base import DetachedTrainer  # noqa: E402
 from olingo.ray.detached_trainer_ppo import DetachedPPOTrainer  # noqa: E402
 from olingo.ray.experience_maker_holder import ExperienceMakerHolder  # noqa: E402
-from olingo.ray.launch import PPOModelsFn, PromptLoaderFn, TokenizerFn  # noqa: E402
 from olingo.ray.weights import load_synced_state, state_dict_for_sync  # noqa: E402
+from olingo.recipes.ppo_ray import PPOModelsFn, PromptLoaderFn, TokenizerFn  # noqa: E402
 from olingo.trainer.callbacks import Callback  # noqa: E402
 from tests.conftest import read_jsonl  # noqa: E402
 
@@ -80,7 +80,7 @@ def make_maker(assets, name, trainers, *, reward=None, callbacks=(), batch_size=
     generation = {"max_new_tokens": 4, "temperature": 1.0, **gen}
     return ExperienceMakerHolder.options(name=name, num_cpus=1, max_restarts=max_restarts).remote(
         trainers, models, TokenizerFn(tok), loader, 0.05, callbacks, seed=seed, call_timeout_s=60,
-        maker_kwargs={"reward_clip": None}, **generation,
+        reward_shaping=RewardShaping(clip=None), **generation,
     )
 
 
@@ -127,6 +127,7 @@ class FileRecorder(Callback):
 
 
 # ---- the seed's usage example ---------------------------------------------------------------------
+@pytest.mark.slow
 def test_seed_usage_example_runs_as_written(assets, actors):
     actors.append(make_maker(assets, "maker_0", ["trainer_0"], batch_size=64))
 
@@ -162,6 +163,7 @@ def test_seed_usage_example_runs_as_written(assets, actors):
 
 
 # ---- PPO on Ray -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_one_maker_one_trainer_raises_the_mean_reward_and_syncs_weights(assets, actors, tmp_path):
     actors.append(make_maker(assets, "learn-maker", ["learn-trainer"]))
     trainer = make_trainer(assets, "learn-trainer", ["learn-maker"], tmp_path)
@@ -186,6 +188,7 @@ def test_one_maker_one_trainer_raises_the_mean_reward_and_syncs_weights(assets, 
     assert ray.get(maker.ready.remote(), timeout=60)["policy_version"] == 60
 
 
+@pytest.mark.slow
 def test_hooks_fire_on_both_sides_in_order(assets, actors, tmp_path):
     trainer_log, maker_log = tmp_path / "trainer.log", tmp_path / "maker.log"
     actors.append(make_maker(assets, "hook-maker", ["hook-trainer"], callbacks=[FileRecorder(str(maker_log))]))
@@ -208,6 +211,7 @@ def test_hooks_fire_on_both_sides_in_order(assets, actors, tmp_path):
     assert len(body) >= 2 * len(batch) and body == batch * (len(body) // len(batch))
 
 
+@pytest.mark.slow
 def test_a_killed_maker_is_restarted_gets_the_weights_and_training_finishes(assets, actors, tmp_path):
     maker = make_maker(assets, "kill-maker", ["kill-trainer"], max_restarts=2)
     actors.append(maker)
@@ -236,6 +240,7 @@ def failing_reward(prompt: str, response: str, gt_answer: str | None) -> float:
     raise ArithmeticError(f"reward exploded on {prompt!r}")
 
 
+@pytest.mark.slow
 def test_an_exception_in_a_maker_reaches_the_driver_with_its_traceback(assets, actors, tmp_path):
     actors.append(make_maker(assets, "bad-maker", ["bad-trainer"], reward=RLVRRewardModel([failing_reward])))
     trainer = make_trainer(assets, "bad-trainer", ["bad-maker"], tmp_path)
@@ -248,6 +253,7 @@ def test_an_exception_in_a_maker_reaches_the_driver_with_its_traceback(assets, a
     assert "ExperienceMakerHolder.workingloop" in message and "in failing_reward" in message and "ArithmeticError: reward exploded" in message
 
 
+@pytest.mark.slow
 def test_resume_from_a_trainer_checkpoint_continues_the_run(assets, actors, tmp_path):
     actors.append(make_maker(assets, "resume-maker", ["resume-trainer", "resume-trainer-2"]))
     first = make_trainer(assets, "resume-trainer", ["resume-maker"], tmp_path / "a", save_interval=4)
@@ -313,6 +319,7 @@ def test_trainer_needs_maker_names():
         Bare([])
 
 
+@pytest.mark.slow
 def test_readme_ray_example_runs(assets, actors, tmp_path, monkeypatch):
     """The README's Ray Python example, with local paths, a short run, and this module's Ray."""
     import re
@@ -335,3 +342,56 @@ def test_readme_ray_example_runs(assets, actors, tmp_path, monkeypatch):
     assert namespace["summary"]["steps"] == 8
     assert set(namespace["summary"]["makers"]) == {"maker_0", "maker_1"}
     assert (tmp_path / "run" / "checkpoints" / "final" / "actor" / "config.json").exists()
+
+
+# ---- no Ray needed: the trainer's buffer methods (seed 001) on a plain instance ------------------
+class _PlainTrainer(DetachedTrainer):
+    """A concrete `DetachedTrainer` used without Ray: its buffer methods are ordinary methods."""
+
+    def training_step(self, experience):
+        return {}
+
+    def _update_remote_makers(self, fully_update=False, **kwargs):
+        pass
+
+
+def _numbered_items(first: int, count: int, version: int) -> list:
+    """`count` unpadded rollouts whose score is their number, `first` onwards."""
+    from olingo.experience_maker import split_experience_batch
+
+    items = split_experience_batch(_experience(count, version))
+    for offset, item in enumerate(items):
+        item.score = torch.tensor(float(first + offset))
+    return items
+
+
+def test_buffer_extend_groups_rollouts_into_batches_in_arrival_order():
+    trainer = _PlainTrainer(["maker_0"], train_batch_size=4, buffer_limit=2)
+    assert trainer.buffer_extend(_numbered_items(0, 3, version=0)) == ACCEPTED
+    assert trainer.buffer_get_length() == 0  # 3 rollouts wait for a full batch of 4
+    assert trainer.buffer_extend(_numbered_items(3, 6, version=1)) == ACCEPTED
+    assert trainer.buffer_get_length() == 2 and len(trainer.detached_replay_buffer.batch_collector) == 1
+    assert trainer.buffer_extend(_numbered_items(9, 1, version=1)) == FULL  # limit of 2 batches reached
+    assert trainer.detached_replay_buffer.counts.received == 9 and trainer.detached_replay_buffer.counts.refused_full == 1
+    first, second = trainer.detached_replay_buffer.batches
+    assert first.score.tolist() == [0.0, 1.0, 2.0, 3.0] and second.score.tolist() == [4.0, 5.0, 6.0, 7.0]
+    assert (first.policy_version, second.policy_version) == (0, 1)  # a batch carries its oldest rollout's version
+    assert first.sequences.shape == (4, 5) and first.action_mask.shape == (4, 2)
+    trainer.detached_replay_buffer.close()
+    assert trainer.buffer_extend(_numbered_items(9, 2, version=1)) == CLOSED
+
+
+def test_buffer_sample_pops_batches_oldest_first_and_drops_stale_ones():
+    trainer = _PlainTrainer(["maker_0"], train_batch_size=4, max_staleness=0, experience_timeout_s=5)
+    trainer.buffer_extend(_numbered_items(0, 4, version=0))
+    trainer.buffer_extend(_numbered_items(4, 8, version=2))
+    batch = trainer._buffer_sample()  # no sync yet: every version is fresh
+    assert batch.batch_size == 4 and batch.policy_version == 0 and batch.score.tolist() == [0.0, 1.0, 2.0, 3.0]
+    trainer.detached_replay_buffer.extend(_numbered_items(12, 4, version=0))  # a slow maker's old batch, last in line
+    trainer.sync_steps = [0, 2]  # with max_staleness=0 only weights of step 2 are fresh
+    assert [trainer._buffer_sample().score[0].item() for _ in range(2)] == [4.0, 8.0]
+    counts = trainer.detached_replay_buffer.counts
+    assert (counts.sampled, counts.dropped_stale) == (12, 0)
+    with pytest.raises(RuntimeError, match="every experience maker has stopped"):
+        trainer._buffer_sample()  # only the stale batch is left and no maker is running
+    assert counts.dropped_stale == 4 and trainer.buffer_get_length() == 0

@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import olingo_cmd, read_jsonl
 
+pytestmark = pytest.mark.slow  # the CLI and Ray in subprocesses
+
 pytest.importorskip("ray")
 RAY = str(Path(os.sys.executable).parent / "ray")
 
@@ -35,8 +37,8 @@ def wait_gone(pids: set[int], seconds: float = 30) -> set[int]:
 def ray_args(tmp_path: Path, assets, name: str, *extra: str) -> list[str]:
     return [
         "ppo", f"run.output_dir={tmp_path}", f"run.name={name}", "logging.progress=false", f"model.actor={assets.model_dir}",
-        "ray.enabled=true", "ray.num_cpus=2", "ppo.episodes=3", "ppo.rollout_batch_size=16", "ppo.train_batch_size=8",
-        "ppo.update_steps=2", "generation.max_new_tokens=4", "ppo.eval_batch_size=64", "ppo.accuracy_function=arithmetic_exact",
+        "ray.enabled=true", "ray.num_cpus=2", "loop.episodes=3", "loop.rollout_batch_size=16", "loop.train_batch_size=8",
+        "loop.update_steps=2", "generation.max_new_tokens=4", "loop.eval_batch_size=64", "loop.accuracy_function=arithmetic_exact",
         "ray.call_timeout_s=120", "ray.experience_timeout_s=120", *extra,
     ]
 

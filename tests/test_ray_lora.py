@@ -13,9 +13,9 @@ from olingo.models.lora import trainable_state  # noqa: E402
 from olingo.models.rlvr import RLVRRewardModel  # noqa: E402
 from olingo.ray.detached_trainer_ppo import DetachedPPOTrainer  # noqa: E402
 from olingo.ray.experience_maker_holder import ExperienceMakerHolder  # noqa: E402
-from olingo.ray.launch import PPOModelsFn, PromptLoaderFn, TokenizerFn  # noqa: E402
 from olingo.ray.weights import load_synced_state, state_dict_for_sync, state_dict_nbytes  # noqa: E402
 from olingo.recipes.common import LoraSettings  # noqa: E402
+from olingo.recipes.ppo_ray import PPOModelsFn, PromptLoaderFn, TokenizerFn  # noqa: E402
 from tests.conftest import read_jsonl  # noqa: E402
 from tests.test_ray import actors, digit_share, ray_instance  # noqa: E402, F401 - the module's Ray fixtures
 
@@ -38,6 +38,7 @@ def test_a_lora_sync_state_is_the_trainable_part_and_keeps_the_strict_key_check(
         load_synced_state(actor, dict(list(state_dict_for_sync(actor).items())[:2]), "actor")
 
 
+@pytest.mark.slow
 def test_ray_lora_sync_ships_only_adapters_and_the_maker_matches_the_trainer(assets, actors, tmp_path):  # noqa: F811 - a fixture
     tok = str(assets.model_dir)
     maker_models = PPOModelsFn(tok, tok, tok, reference=tok, reward=RLVRRewardModel([digit_share]), lora=LORA)

@@ -8,13 +8,8 @@ import pytest
 import torch
 import transformers
 
-from olingo.experience_maker.rollout import (
-    GenerationSettings,
-    Rollout,
-    action_mask_from_responses,
-    build_generation_config,
-    generate_rollout,
-)
+from olingo.engines import GenerationSettings, Rollout, action_mask_from_responses, generate_rollout
+from olingo.engines.hf import build_generation_config
 from olingo.tasks import build_char_tokenizer, build_tiny_llama
 
 PROMPTS = ["1+1=", "12+17=", "3+45="]

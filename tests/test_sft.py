@@ -102,6 +102,7 @@ def sft_rows(tmp_path_factory, assets):
     return path
 
 
+@pytest.mark.slow
 def test_accumulation_invariance_with_token_normalisation(tmp_path, sft_rows):
     """batch 8 x 1 == batch 2 x 4: the step's loss is the mean over all its assistant tokens."""
     lr = "train.lr=1e-4"  # see the reward-model test: Adam magnifies float noise at large lr

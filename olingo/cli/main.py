@@ -63,14 +63,14 @@ HELP_EXAMPLES: dict[str, tuple[HelpExample, ...]] = {
     "sft": (HelpExample("olingo sft --config my.yaml", "sft", ("train.lr=1e-4", "run.name=try2", "data.train=[a.jsonl,b.jsonl]")),),
     "rm": (HelpExample("olingo rm --config my.yaml", "rm", ("train.lr=1e-5", "train.loss=logexp", "run.name=try2", "data.train=[pairs.jsonl]")),),
     "ppo": (HelpExample(
-        "olingo ppo", "ppo", ("model.actor=runs/sft-tiny/checkpoints/final/model", "actor_optim.lr=1e-6", "ppo.episodes=20", "data.prompts=[p.jsonl]"),
+        "olingo ppo", "ppo", ("model.actor=runs/sft-tiny/checkpoints/final/model", "actor_optim.lr=1e-6", "loop.episodes=20", "data.prompts=[p.jsonl]"),
     ),),
     "experiment run": (HelpExample(
         "olingo experiment run olingo/configs/experiment_sft_lr.yaml", "experiment", ("n_repeats=3", "matrix.base.train.epochs=5", "overwrite=true"),
     ),),
     "plan": (
         HelpExample("olingo plan --config my_sft.yaml", "sft", ("train.batch_size=16",), "--world-size 8"),
-        HelpExample("olingo plan --stage ppo", "ppo", ("generation.max_new_tokens=512", "ppo.rollout_batch_size=64", "plugin.name=fsdp"), "--world-size 4"),
+        HelpExample("olingo plan --stage ppo", "ppo", ("generation.max_new_tokens=512", "loop.rollout_batch_size=64", "plugin.name=fsdp"), "--world-size 4"),
     ),
 }
 
@@ -334,7 +334,7 @@ def _report_experiment(exp_dir: str, smooth: int | None) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from olingo.recipes.demo import run_demo
+    from olingo.cli.demo import run_demo
 
     run_demo(args.output_dir)
     return 0

@@ -7,6 +7,9 @@ Accepted rows:
     {"messages": [{"from", "content"}, ...]}                           (ColossalChat)
 `gt_answer` may also be spelled `answer`; numbers are accepted and turned into strings.
 Prompts longer than max_length keep their end (the question and the generation prompt).
+Every other field of a row (e.g. `{"prompt": ..., "tests": [...], "difficulty": 3}`) travels
+with the item, untouched, and comes out of `PromptCollator` as `batch["row_fields"]`, one list
+of B values per field, for reward functions (olingo.models.rewards).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from olingo.dataset.messages import RowRef, missing_reason, parse_messages_field
 from olingo.dataset.preference_dataset import tokenize_sources
 
 ANSWER_KEYS = ("gt_answer", "answer")
+PROMPT_KEYS = ("prompt", "messages", *ANSWER_KEYS)  # read by parse_prompt_row: not row fields
 
 
 def parse_prompt_row(raw: dict[str, Any], source: str = "<data>", row: int | None = None) -> tuple[list[dict[str, str]], str | None]:
@@ -54,8 +58,13 @@ def _answer(raw: dict[str, Any], ref: RowRef) -> str | None:
     return None
 
 
+def extra_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a prompt row besides prompt, messages and the answer, values as loaded."""
+    return {key: value for key, value in raw.items() if key not in PROMPT_KEYS}
+
+
 class PromptDataset(Dataset):
-    """Items: {"input_ids": list[int], "gt_answer": str | None}, unpadded."""
+    """Items: {"input_ids": list[int], "gt_answer": str | None, "row_fields": dict}, unpadded."""
 
     def __init__(self, items: list[dict[str, Any]], num_skipped: int = 0) -> None:
         self.items = items
@@ -76,7 +85,7 @@ def build_prompt_dataset(
     def make_item(source: str, row: int, raw: dict[str, Any]) -> dict[str, Any]:
         messages, answer = parse_prompt_row(raw, source, row)
         ids = encode_chat(tokenizer, messages, add_generation_prompt=True)
-        return {"input_ids": ids[-max_length:], "gt_answer": answer}
+        return {"input_ids": ids[-max_length:], "gt_answer": answer, "row_fields": extra_fields(raw)}
 
     items, skipped = tokenize_sources(sources, tokenizer, max_length, make_item, skip_invalid=skip_invalid, split=split, kind="prompt")
     return PromptDataset(items, num_skipped=skipped)
@@ -85,7 +94,8 @@ def build_prompt_dataset(
 @dataclass(frozen=True)
 class PromptCollator:
     """Left-pads prompts (generation appends on the right): input_ids, attention_mask (B, P),
-    and gt_answer, a list of B strings or Nones."""
+    gt_answer, a list of B strings or Nones, and row_fields, {field: list of B values} over
+    every field any item has (None where an item lacks it; {} when there are none)."""
 
     pad_token_id: int
 
@@ -97,4 +107,17 @@ class PromptCollator:
             n = len(item["input_ids"])
             ids[row, width - n :] = torch.tensor(item["input_ids"])
             mask[row, width - n :] = 1
-        return {"input_ids": ids, "attention_mask": mask, "gt_answer": [item["gt_answer"] for item in items]}
+        return {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "gt_answer": [item["gt_answer"] for item in items],
+            "row_fields": collate_row_fields(items),
+        }
+
+
+def collate_row_fields(items: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """{field: [value of item 1, ..., item B]}, fields in first-seen order; items built without
+    row fields (by hand, before they existed) have none."""
+    rows = [item.get("row_fields") or {} for item in items]
+    names = dict.fromkeys(name for row in rows for name in row)
+    return {name: [row.get(name) for row in rows] for name in names}

@@ -1,5 +1,18 @@
-"""Experience making: rollouts, scoring, KL penalty, advantages. See `naive.py` for the steps."""
+"""Experience making: rollouts (through an engine), scoring, KL penalty, advantages.
 
+See `naive.py` for the steps; `config.py` for the maker's typed settings; `advantages.py` for the
+advantage-estimator strategy. `GenerationSettings`, `Rollout` and `generate_rollout` live in
+`olingo.engines` and are re-exported here, where earlier code imported them from.
+"""
+
+from olingo.engines import GenerationSettings, Rollout, generate_rollout
+from olingo.experience_maker.advantages import (
+    GAE,
+    AdvantageEstimator,
+    AdvantageInputs,
+    build_advantage_estimator,
+)
+from olingo.experience_maker.config import ExperienceConfig, RewardShaping
 from olingo.experience_maker.experience import (
     BufferItem,
     Experience,
@@ -14,19 +27,24 @@ from olingo.experience_maker.naive import (
     action_values,
     policy_logits,
 )
-from olingo.experience_maker.rollout import GenerationSettings, Rollout, generate_rollout
 
 __all__ = [
+    "GAE",
     "AdaptiveKLController",
+    "AdvantageEstimator",
+    "AdvantageInputs",
     "BufferItem",
     "Experience",
+    "ExperienceConfig",
     "FixedKLController",
     "GenerationSettings",
     "NaiveExperienceMaker",
+    "RewardShaping",
     "Rollout",
     "ScoredRollout",
     "action_log_probs",
     "action_values",
+    "build_advantage_estimator",
     "generate_rollout",
     "make_experience_batch",
     "policy_logits",

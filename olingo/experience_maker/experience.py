@@ -1,10 +1,11 @@
-"""`Experience`: one batch of scored rollouts, everything the PPO learn phase needs.
+"""`Experience`: one batch of scored rollouts, everything the learn phase needs.
 
 Layout (DESIGN.md §4.1): `sequences = [left-padded prompt | response, right-padded]`, shape
 (B, P + A). Every per-token tensor is (B, A) and its column j is response token j; `action_mask`
 covers the response up to and including the stop token and nothing after. `values[:, j]` is the
 critic's value of the state *before* response token j (the prefix it was sampled from), and
-`action_log_probs[:, j]` the log-probability of token j under the rollout policy.
+`action_log_probs[:, j]` the log-probability of token j under the rollout policy. Without a
+critic, `values` and `returns` are None and no per-token tensor of theirs exists anywhere.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import torch
 
 from olingo.models.functional import masked_sum
 
-# Fields with one row per sequence; the rest are scalars or metadata.
+# Fields with one (A,) row per sequence; `values` and `returns` exist only with a critic.
 PER_TOKEN = ("action_log_probs", "base_action_log_probs", "values", "kl", "rewards", "advantages", "returns")
+CRITIC_FIELDS = ("values", "returns")
 
 
 @dataclass
@@ -30,15 +32,17 @@ class Experience:
         action_mask: (B, A) bool. Response tokens up to and including the stop token.
         action_log_probs: (B, A) float. log pi_old(token j): the policy that generated the batch.
         base_action_log_probs: (B, A) float. log pi_ref(token j): the frozen initial model.
-        values: (B, A) float. V_old(state before token j) from the critic at rollout time.
         kl: (B, A) float. Per-token KL estimate between the policy and the reference.
         rewards: (B, A) float. Per-token reward: -kl_coef * kl, plus the score at the last token.
-        advantages: (B, A) float. GAE advantages (whitened when the maker is told to).
-        returns: (B, A) float. advantages (before whitening) + values: the critic's targets.
+        advantages: (B, A) float. From the advantage estimator (GAE: whitened when asked).
         score: (B,) float. Sequence reward after normalisation/clipping/penalties, as trained on.
         raw_score: (B,) float. The reward model's (or reward functions') output before any of that.
         truncated: (B,) bool. The response hit max_new_tokens without a stop.
         policy_version: optimizer steps the actor had taken when it generated this batch.
+        values: (B, A) float or None. V_old(state before token j) from the critic at rollout
+            time; None without a critic.
+        returns: (B, A) float or None. advantages (before whitening) + values: the critic's
+            targets; None without a critic.
         info: per-batch scalar diagnostics (mean reward, KL, response length, ...).
     """
 
@@ -47,16 +51,25 @@ class Experience:
     action_mask: torch.Tensor
     action_log_probs: torch.Tensor
     base_action_log_probs: torch.Tensor
-    values: torch.Tensor
     kl: torch.Tensor
     rewards: torch.Tensor
     advantages: torch.Tensor
-    returns: torch.Tensor
     score: torch.Tensor
     raw_score: torch.Tensor
     truncated: torch.Tensor
     policy_version: int = 0
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
     info: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.values is None) != (self.returns is None):
+            raise ValueError("values and returns come together (with a critic) or not at all")
+
+    @property
+    def per_token_fields(self) -> tuple[str, ...]:
+        """The (B, A) fields this batch carries: `PER_TOKEN` less the critic's without a critic."""
+        return tuple(name for name in PER_TOKEN if getattr(self, name) is not None)
 
     @property
     def batch_size(self) -> int:
@@ -88,7 +101,7 @@ class BufferItem:
     Attributes:
         prompt: (P_i,) long, the real prompt tokens.
         response: (A_i,) long, the response up to and including the stop token.
-        per_token: each of `PER_TOKEN`'s fields as an (A_i,) tensor.
+        per_token: each per-token field of the batch (`Experience.per_token_fields`) as an (A_i,) tensor.
         score, raw_score: () float. truncated: () bool. policy_version: int.
     """
 
@@ -112,7 +125,7 @@ def split_experience_batch(experience: Experience) -> list[BufferItem]:
             BufferItem(
                 prompt=experience.sequences[i, :num_prompt][prompt_mask],
                 response=experience.sequences[i, num_prompt : num_prompt + length],
-                per_token={name: getattr(experience, name)[i, :length] for name in PER_TOKEN},
+                per_token={name: getattr(experience, name)[i, :length] for name in experience.per_token_fields},
                 score=experience.score[i],
                 raw_score=experience.raw_score[i],
                 truncated=experience.truncated[i],
@@ -137,14 +150,17 @@ def make_experience_batch(items: list[BufferItem], pad_token_id: int = 0) -> Exp
     sequences = torch.full((batch, num_prompt + num_actions), pad_token_id, dtype=items[0].prompt.dtype)
     attention_mask = torch.zeros((batch, num_prompt + num_actions), dtype=torch.long)
     action_mask = torch.zeros((batch, num_actions), dtype=torch.bool)
-    per_token = {name: torch.zeros((batch, num_actions), dtype=items[0].per_token[name].dtype) for name in PER_TOKEN}
+    names = list(items[0].per_token)
+    if any(list(item.per_token) != names for item in items):
+        raise ValueError("make_experience_batch: items with and without critic values cannot share a batch")
+    per_token = {name: torch.zeros((batch, num_actions), dtype=items[0].per_token[name].dtype) for name in names}
     for i, item in enumerate(items):
         p, a = item.prompt.numel(), item.response.numel()
         sequences[i, num_prompt - p : num_prompt] = item.prompt
         sequences[i, num_prompt : num_prompt + a] = item.response
         attention_mask[i, num_prompt - p : num_prompt + a] = 1
         action_mask[i, :a] = True
-        for name in PER_TOKEN:
+        for name in names:
             per_token[name][i, :a] = item.per_token[name]
     return Experience(
         sequences=sequences,

@@ -1,41 +1,47 @@
 """`NaiveExperienceMaker`: rollouts -> scored, advantage-annotated `Experience`.
 
 One call to `make_experience`, as the algorithm reads (InstructGPT / Ziegler et al. 2019):
-    1. generate responses to left-padded prompts with the actor (sampling, KV cache)
+    1. generate responses to left-padded prompts through the rollout engine
     2. log pi_old and log pi_ref of every response token (actor and frozen initial model)
-    3. V_old of the state before every response token (critic)
+    3. V_old of the state before every response token (critic; skipped without one)
     4. the sequence score: reward model at the last real token (the rule RM training uses),
        or reward functions on decoded text; optional running normalisation, truncation
-       penalty, clipping to [-reward_clip, reward_clip]
+       penalty, clipping to [-clip, clip] (`RewardShaping`)
     5. per-token rewards: -kl_coef * KL_t, plus the score at the last response token
-    6. GAE advantages and returns; optional advantage whitening (per rank, or global)
+    6. advantages from the configured estimator (GAE: with returns for the critic); optional
+       whitening (per rank, or global)
     7. update the KL controller (adaptive: towards `kl_target`) with the KL of every rank
 All maths is in `olingo.models.functional`; this module only wires models to it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
+from olingo.engines import GenerationSettings, HFEngine, Rollout, RolloutEngine
+from olingo.experience_maker.advantages import (
+    AdvantageEstimator,
+    AdvantageInputs,
+    build_advantage_estimator,
+)
+from olingo.experience_maker.config import ExperienceConfig, RewardShaping
 from olingo.experience_maker.experience import Experience, experience_info
 from olingo.experience_maker.kl_controller import AdaptiveKLController, FixedKLController
-from olingo.experience_maker.rollout import GenerationSettings, Rollout, generate_rollout
 from olingo.models.functional import (
     AllReduceSum,
-    KLEstimator,
     RunningMoments,
-    compute_gae,
     kl_estimate,
     log_probs_from_logits,
     masked_whiten,
     per_token_rewards,
 )
-from olingo.models.rlvr import RLVRRewardModel
+from olingo.models.rewards import CompositeReward
 from olingo.models.utils import position_ids_from_mask
 
 logger = logging.getLogger("olingo.experience")
@@ -79,6 +85,9 @@ class ScoredRollout:
     prompts: list[str]
     responses: list[str]
     gt_answers: list[str | None]
+    reward_terms: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    """Each reward term's unweighted (B,) values (reward functions, a neural term), when the
+    reward is a `CompositeReward`; logged as `rollout/reward/<name>`."""
 
     def samples(self) -> list[dict[str, Any]]:
         """One JSON-ready dict per rollout: prompt, response, gt_answer, reward, truncated."""
@@ -91,25 +100,18 @@ class ScoredRollout:
 class NaiveExperienceMaker:
     """Makes `Experience` from prompt batches with an actor, critic, reward and reference model.
 
-    Args (beyond the four models and the tokenizer):
-        kl_coef: initial KL penalty coefficient.
-        kl_estimator: per-token KL estimate "k1" (log ratio, unbiased) or "k3" (always >= 0).
-        kl_target, kl_horizon: when kl_target is set, the coefficient adapts towards it
-            (Ziegler et al. 2019); otherwise it stays fixed.
-        gamma, lam: GAE discount and trace decay.
-        whiten_advantages: normalise advantages to zero mean, unit variance per batch.
-        global_whitening: whiten with the mean and variance of every data-parallel rank's
-            batch together (as one process on the whole batch), instead of per rank.
-        normalize_reward: divide scores by a running std after subtracting a running mean.
-        reward_clip: clip scores to [-reward_clip, reward_clip] (None: no clipping).
-        reward_placement: add the score at the "last" response token or to "every" one.
-        truncation_penalty: subtracted from the score of responses cut off without a stop.
+    Args (beyond the four models and the tokenizer; `critic=None`: no values, no returns, and
+    an advantage estimator that needs no critic):
+        kl_coef: initial KL penalty coefficient; None takes `config.kl_coef`.
+        config: `ExperienceConfig`: KL estimator and adaptive target, advantage estimator,
+            whitening (per rank or global), and the two shortcuts `reuse_rollout_log_probs`
+            (log pi_old from the engine's own logits) and `skip_reference_when_kl_zero`.
+        shaping: `RewardShaping`: running normalisation, clipping, placement, truncation penalty.
+        engine: the `RolloutEngine` to generate with (default: `HFEngine` on the actor).
+        estimator: the advantage estimator (default: the one `config.advantage` names). A
+            maker without a critic can score rollouts (evaluation) but makes experience only
+            with an estimator that needs no critic.
         generation: sampling settings; `make_experience(**overrides)` can change them per call.
-        reuse_rollout_log_probs: take log pi_old from the logits `generate` computed instead of
-            a second actor forward (exact up to kernel rounding; memory B x A x V while
-            generating, see `generate_rollout`).
-        skip_reference_when_kl_zero: with a fixed KL coefficient of 0 the reference model
-            cannot change any reward, so its forward is skipped (the logged KL then reads 0).
         all_reduce_sum: sums a tensor over data-parallel ranks (None: one process). It keeps
             what must agree across ranks global: the adaptive KL coefficient, the running
             reward statistics and, with `global_whitening`, the advantage statistics.
@@ -118,42 +120,30 @@ class NaiveExperienceMaker:
     def __init__(
         self,
         actor: nn.Module,
-        critic: nn.Module,
-        reward_model: nn.Module | RLVRRewardModel,
+        critic: nn.Module | None,
+        reward_model: nn.Module | CompositeReward,
         initial_model: nn.Module,
         tokenizer: Any,
-        kl_coef: float = 0.1,
+        kl_coef: float | None = None,
         *,
-        kl_estimator: KLEstimator = "k1",
-        kl_target: float | None = None,
-        kl_horizon: int = 10000,
-        gamma: float = 1.0,
-        lam: float = 0.95,
-        whiten_advantages: bool = True,
-        normalize_reward: bool = False,
-        reward_clip: float | None = 5.0,
-        reward_placement: Literal["last", "every"] = "last",
-        truncation_penalty: float = 0.0,
+        config: ExperienceConfig | None = None,
+        shaping: RewardShaping | None = None,
+        engine: RolloutEngine | None = None,
+        estimator: AdvantageEstimator | None = None,
         generation: GenerationSettings | None = None,
-        global_whitening: bool = False,
         all_reduce_sum: AllReduceSum | None = None,
-        reuse_rollout_log_probs: bool = False,
-        skip_reference_when_kl_zero: bool = False,
     ) -> None:
+        config = config or ExperienceConfig()
+        if kl_coef is not None:
+            config = config.model_copy(update={"kl_coef": kl_coef})
+        self.config, self.shaping = config, shaping or RewardShaping()
         self.actor, self.critic, self.reward_model, self.initial_model = actor, critic, reward_model, initial_model
         self.tokenizer = tokenizer
-        self.kl_estimator = kl_estimator
-        self.kl_ctl = AdaptiveKLController(kl_coef, kl_target, kl_horizon) if kl_target is not None else FixedKLController(kl_coef)
-        self.gamma, self.lam = gamma, lam
-        self.whiten_advantages = whiten_advantages
-        self.global_whitening = global_whitening
+        self.engine = engine or HFEngine(actor, tokenizer, with_log_probs=config.reuse_rollout_log_probs)
+        self.estimator = estimator or build_advantage_estimator(config)
+        self.kl_ctl = AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon) if config.kl_target is not None else FixedKLController(config.kl_coef)
         self.all_reduce_sum = all_reduce_sum
-        self.reuse_rollout_log_probs = reuse_rollout_log_probs
-        self.skip_reference_when_kl_zero = skip_reference_when_kl_zero
-        self.reward_moments = RunningMoments() if normalize_reward else None
-        self.reward_clip = reward_clip
-        self.reward_placement = reward_placement
-        self.truncation_penalty = truncation_penalty
+        self.reward_moments = RunningMoments() if self.shaping.normalize else None
         self.generation = generation or GenerationSettings()
         self.last_samples: list[dict[str, Any]] = []  # texts of the last batch, for sample logs
 
@@ -162,15 +152,20 @@ class NaiveExperienceMaker:
         return self.generation.temperature if self.generation.do_sample else 1.0
 
     @torch.no_grad()
-    def rollout_and_score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gt_answers: list[str | None] | None = None, generation: GenerationSettings | None = None) -> ScoredRollout:
-        """Steps 1, 2 and 4 (before normalisation): generate, log-probs, raw reward."""
+    def rollout_and_score(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gt_answers: list[str | None] | None = None,
+        generation: GenerationSettings | None = None, row_fields: dict[str, list[Any]] | None = None,
+    ) -> ScoredRollout:
+        """Steps 1, 2 and 4 (before normalisation): generate, log-probs, raw reward.
+
+        `row_fields`: the prompt rows' extra fields (`{field: B values}`), for reward functions."""
         settings = generation or self.generation
         device = next(self.actor.parameters()).device
-        rollout = generate_rollout(self.actor, input_ids.to(device), attention_mask.to(device), self.tokenizer, settings, with_log_probs=self.reuse_rollout_log_probs)
+        rollout = _rollout_on(self.engine.generate(input_ids.to(device), attention_mask.to(device), settings), device)
         seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
         temperature = settings.temperature if settings.do_sample else 1.0
         log_probs = rollout.log_probs if rollout.log_probs is not None else action_log_probs(self.actor, seq, mask, num_actions, temperature)
-        if self.skip_reference_when_kl_zero and isinstance(self.kl_ctl, FixedKLController) and self.kl_ctl.value == 0:
+        if self.config.skip_reference_when_kl_zero and isinstance(self.kl_ctl, FixedKLController) and self.kl_ctl.value == 0:
             ref_log_probs = log_probs  # KL is exactly 0 and -0 * KL adds nothing to any reward
         else:
             ref_log_probs = action_log_probs(self.initial_model, *_on(self.initial_model, seq, mask), num_actions, temperature).to(device)
@@ -180,35 +175,47 @@ class NaiveExperienceMaker:
             for i in range(seq.shape[0])
         ]
         gt_answers = list(gt_answers) if gt_answers is not None else [None] * seq.shape[0]
-        if isinstance(self.reward_model, RLVRRewardModel):
-            raw_score = self.reward_model.score_texts(prompts, responses, gt_answers).to(device)
+        terms: dict[str, torch.Tensor] = {}
+        if isinstance(self.reward_model, CompositeReward):
+            neural = self.reward_model.neural
+            inputs = _on(neural, seq, mask) if isinstance(neural, nn.Module) else (seq, mask)
+            scores = self.reward_model.score(prompts, responses, gt_answers, row_fields, model_inputs=inputs)
+            raw_score, terms = scores.total.to(device), scores.terms
         else:  # scored at the last attended token: the stop token, exactly where RM training reads
             raw_score = self.reward_model(*_on(self.reward_model, seq, mask)).float().to(device)
-        return ScoredRollout(rollout, log_probs, ref_log_probs, raw_score, prompts, responses, gt_answers)
+        return ScoredRollout(rollout, log_probs, ref_log_probs, raw_score, prompts, responses, gt_answers, terms)
 
     @torch.no_grad()
-    def make_experience(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gt_answers: list[str | None] | None = None, policy_version: int = 0, **generate_kwargs: Any) -> Experience:
+    def make_experience(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gt_answers: list[str | None] | None = None, policy_version: int = 0,
+        row_fields: dict[str, list[Any]] | None = None, **generate_kwargs: Any,
+    ) -> Experience:
         """One batch of experience from left-padded prompts (B, P); see the module docstring."""
         settings = self.generation if not generate_kwargs else GenerationSettings.from_kwargs(**{**vars(self.generation), **generate_kwargs})
-        scored = self.rollout_and_score(input_ids, attention_mask, gt_answers, settings)
-        rollout = scored.rollout
+        scored = self.rollout_and_score(input_ids, attention_mask, gt_answers, settings, row_fields)
+        if self.critic is None and self.estimator.needs_critic:
+            raise ValueError(f"the advantage estimator '{self.config.advantage}' needs a critic, and this maker has none")
+        rollout, cfg = scored.rollout, self.config
         seq, mask, action_mask = rollout.sequences, rollout.attention_mask, rollout.action_mask
-        values = action_values(self.critic, seq, mask, rollout.num_actions).float()
-        values = torch.where(action_mask.bool(), values, torch.zeros_like(values))  # a select: padding may hold inf
-        kl = kl_estimate(scored.log_probs, scored.ref_log_probs, self.kl_estimator, action_mask)
+        values = None
+        if self.critic is not None:
+            values = action_values(self.critic, seq, mask, rollout.num_actions).float()
+            values = torch.where(action_mask, values, torch.zeros_like(values))  # a select: padding may hold inf
+        kl = kl_estimate(scored.log_probs, scored.ref_log_probs, cfg.kl_estimator, action_mask)
         score = self.shape_score(scored.raw_score, rollout.truncated)
-        rewards = per_token_rewards(score, kl, action_mask, self.kl_ctl.value, self.reward_placement)
-        advantages, returns = compute_gae(rewards, values, action_mask, self.gamma, self.lam)
-        if self.whiten_advantages:
-            advantages = masked_whiten(advantages, action_mask, all_reduce_sum=self.all_reduce_sum if self.global_whitening else None)
+        rewards = per_token_rewards(score, kl, action_mask, self.kl_ctl.value, self.shaping.placement)
+        advantages, returns = self.estimator(AdvantageInputs(rewards, score, action_mask, values))
+        if cfg.whiten_advantages:
+            advantages = masked_whiten(advantages, action_mask, all_reduce_sum=self.all_reduce_sum if cfg.global_whitening else None)
         experience = Experience(
             sequences=seq, attention_mask=mask, action_mask=action_mask,
             action_log_probs=scored.log_probs, base_action_log_probs=scored.ref_log_probs,
-            values=values, kl=kl, rewards=rewards, advantages=advantages, returns=returns,
+            kl=kl, rewards=rewards, advantages=advantages, values=values, returns=returns,
             score=score, raw_score=scored.raw_score, truncated=rollout.truncated,
             policy_version=policy_version,
         )
         experience.info = {**experience_info(experience), "kl_coef": self.kl_ctl.value}
+        experience.info.update({f"reward/{name}": float(values.float().mean()) for name, values in scored.reward_terms.items()})
         self.last_samples = scored.samples()
         self.kl_ctl.update(*self._global_kl(experience.info["kl"], experience.batch_size))
         return experience
@@ -227,9 +234,9 @@ class NaiveExperienceMaker:
         if self.reward_moments is not None:
             self.reward_moments.update(score, self.all_reduce_sum)
             score = (score - self.reward_moments.mean) / self.reward_moments.std
-        score = score - self.truncation_penalty * truncated.float()
-        if self.reward_clip is not None:
-            score = score.clamp(-self.reward_clip, self.reward_clip)
+        score = score - self.shaping.truncation_penalty * truncated.float()
+        if self.shaping.clip is not None:
+            score = score.clamp(-self.shaping.clip, self.shaping.clip)
         return score
 
     # ---- resumable state: the KL coefficient and the reward statistics ---------------------
@@ -243,6 +250,14 @@ class NaiveExperienceMaker:
         self.kl_ctl.load_state_dict(state["kl_ctl"])
         if self.reward_moments is not None and state.get("reward_moments") is not None:
             self.reward_moments.load_state_dict(state["reward_moments"])
+
+
+def _rollout_on(rollout: Rollout, device: torch.device) -> Rollout:
+    """The engine's rollout with every tensor on the actor's device (an engine may answer on the CPU)."""
+    moved = {name: getattr(rollout, name).to(device) for name in ("sequences", "attention_mask", "action_mask", "truncated")}
+    if rollout.log_probs is not None:
+        moved["log_probs"] = rollout.log_probs.to(device)
+    return dataclasses.replace(rollout, **moved)
 
 
 def _on(model: nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -29,6 +29,7 @@ _EXPORTS = {
     "RunResult": "olingo.experiment.results",
     "ArmResult": "olingo.experiment.results",
     "ExperimentResult": "olingo.experiment.results",
+    "LocalLogger": "olingo.experiment.local_logger",
 }
 __all__ = sorted(_EXPORTS)
 

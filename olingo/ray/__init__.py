@@ -6,9 +6,7 @@ The only olingo package that imports ray. Modules:
     experience_maker_holder `ExperienceMakerHolder`, an actor making experience with its own models
     detached_replay_buffer  `DetachedReplayBuffer`, the trainer-side queue with backpressure
     weights                 strict weight sync (no silent key mismatches)
-    launch                  `olingo ppo` with `ray.enabled: true`
+    launch                  starting Ray, spawning the actors, waiting, shutting down
+    config                  the `ray:` config section (imports no ray: the PPO config embeds it)
+The recipe that runs `olingo ppo` with `ray.enabled: true` is `olingo.recipes.ppo_ray`.
 """
-
-from olingo.errors import require
-
-require("ray", "Ray detached mode (olingo.ray, ray.enabled=true)")

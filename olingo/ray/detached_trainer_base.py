@@ -45,9 +45,10 @@ from olingo.experience_maker import BufferItem, Experience
 from olingo.experience_maker.experience import experience_info
 from olingo.ray.detached_replay_buffer import DetachedReplayBuffer
 from olingo.ray.worker import setup_worker_logging
-from olingo.trainer._support import default_callbacks, loop_artifacts
-from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
+from olingo.trainer._support import default_callbacks
+from olingo.trainer.callbacks import Callback, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager
+from olingo.trainer.loop import is_due, loop_scope
 
 logger = logging.getLogger("olingo.ray")
 
@@ -162,12 +163,9 @@ class DetachedTrainer(ABC):
         state = self.state
         state.num_steps = num_episodes * update_steps * train_epochs
         self._install_default_callbacks()
-        t0, error = time.time(), None
-        dispatch(self.callbacks, "on_train_start", state)
-        try:
+        with loop_scope(state, self.callbacks, self.save_dir, self._saved_rows, fit_hooks=True):
             if initial_eval is not None:
                 dispatch(self.callbacks, "on_eval", state, state.step, "eval", initial_eval)
-            dispatch(self.callbacks, "on_fit_start")
             try:
                 self._connect_makers()
                 self._sync(fully_update=True)
@@ -177,19 +175,13 @@ class DetachedTrainer(ABC):
                     state.epoch = episode
                     self._run_episode(episode, update_steps, train_epochs)
                     self.start_episode = episode + 1
-                    if self.save_interval and state.step // self.save_interval > self._last_saved_step // self.save_interval:
+                    if is_due(self.save_interval, self._last_saved_step, state.step):
                         self._save_checkpoint(f"step_{state.step}")
                     if state.stop_requested:
                         break
                 self._save_checkpoint("final")
             finally:
                 self._stop_makers()
-                dispatch(self.callbacks, "on_fit_end")
-        except BaseException as err:
-            error = err
-            raise
-        finally:
-            dispatch(self.callbacks, "on_train_end", state, self._artifacts(t0, error))
         return self.summary
 
     def sync_models_to_remote_makers(self, **kwargs: Any) -> None:
@@ -421,5 +413,3 @@ class DetachedTrainer(ABC):
         self._saved_rows.append(row)
         dispatch(self.callbacks, "on_checkpoint", self.state, row)
 
-    def _artifacts(self, t0: float, error: BaseException | None) -> LoopArtifacts:
-        return loop_artifacts(self.state, self.save_dir, self._saved_rows, t0, error)

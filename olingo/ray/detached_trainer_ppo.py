@@ -26,7 +26,7 @@ from olingo.ray.detached_trainer_base import DetachedTrainer
 from olingo.ray.weights import state_dict_for_sync, state_dict_nbytes
 from olingo.trainer._support import callback_states, restore_callback_states
 from olingo.trainer.callbacks import Callback
-from olingo.trainer.ppo_learner import PPOLearner
+from olingo.trainer.ppo_learner import PPOLearner, PPOLossConfig
 from olingo.trainer.utils import rng_state, set_rng_state
 
 logger = logging.getLogger("olingo.ray")
@@ -91,9 +91,9 @@ class DetachedPPOTrainer(DetachedTrainer):
         actor_booster, critic_booster = Booster(SingleProcessPlugin(max_grad_norm)), Booster(SingleProcessPlugin(max_grad_norm))
         actor, actor_optim, _, _, actor_scheduler = actor_booster.boost(actor, actor_optim, lr_scheduler=actor_scheduler)
         critic, critic_optim, _, _, critic_scheduler = critic_booster.boost(critic, critic_optim, lr_scheduler=critic_scheduler)
-        self.learner = PPOLearner(
+        self.learner = PPOLearner.build(
             actor_booster, critic_booster, actor, critic, actor_optim, critic_optim, actor_scheduler, critic_scheduler,
-            eps_clip=eps_clip, value_clip=value_clip, vf_coef=vf_coef,
+            PPOLossConfig(eps_clip=eps_clip, value_clip=value_clip, vf_coef=vf_coef),
         )
         self.device = self.learner.device
         self.temperature = temperature
@@ -103,8 +103,7 @@ class DetachedPPOTrainer(DetachedTrainer):
 
     def training_step(self, experience: Experience) -> dict[str, Any]:
         """One PPO update (policy and value losses, one optimizer step) on one batch."""
-        self.learner.actor.train()
-        self.learner.critic.train()
+        self.learner.train()
         stats = self.learner.training_step(experience, 1.0, self.temperature)
         return self.learner.optimizer_step(stats)
 
@@ -112,8 +111,8 @@ class DetachedPPOTrainer(DetachedTrainer):
         """Both models into the object store once; every maker loads them (strict keys)."""
         makers = kwargs.get("makers") or self.target_holder_list
         start = time.perf_counter()
-        actor = state_dict_for_sync(self.learner.actor_booster.unwrap(self.learner.actor))
-        critic = state_dict_for_sync(self.learner.critic_booster.unwrap(self.learner.critic))
+        actor = state_dict_for_sync(self.learner.policy.booster.unwrap(self.learner.actor))
+        critic = state_dict_for_sync(self.learner.critic_learner.booster.unwrap(self.learner.critic))
         nbytes = state_dict_nbytes(actor) + state_dict_nbytes(critic)
         actor_ref, critic_ref = ray.put(actor), ray.put(critic)
         calls = [m.update_experience_maker.remote(actor_ref, critic_ref, policy_version=kwargs["policy_version"], fully_update=True) for m in makers]

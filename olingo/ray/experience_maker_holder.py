@@ -32,7 +32,14 @@ import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from olingo.dataset.sampler import CyclicLoader
-from olingo.experience_maker import Experience, GenerationSettings, NaiveExperienceMaker
+from olingo.engines import RolloutEngine
+from olingo.experience_maker import (
+    Experience,
+    ExperienceConfig,
+    GenerationSettings,
+    NaiveExperienceMaker,
+    RewardShaping,
+)
 from olingo.ray.detached_replay_buffer import ACCEPTED, CLOSED
 from olingo.ray.weights import load_synced_state
 from olingo.ray.worker import setup_worker_logging
@@ -53,10 +60,14 @@ class ExperienceMakerHolder:
         model_fn: () -> (actor, critic, reward_model, initial_model), built inside the actor.
         tokenizer_fn: () -> tokenizer (left padding for prompts).
         dataloader_fn: () -> DataLoader of prompt batches (input_ids, attention_mask, gt_answer).
-        kl_coef: initial KL coefficient of the maker's reward.
+        kl_coef: initial KL coefficient of the maker's reward (None: `experience_config`'s).
         callbacks: `Callback`s; the maker fires loop, batch, make-experience and send hooks.
         debug: log every batch.
-        maker_kwargs: options of `NaiveExperienceMaker` (kl_estimator, gamma, lam, ...).
+        experience_config: the maker's `ExperienceConfig` (KL, advantages, whitening, shortcuts).
+        reward_shaping: its `RewardShaping` (normalisation, clipping, placement, truncation).
+        engine_fn: (actor, tokenizer) -> the `RolloutEngine` this maker generates with, built
+            inside the actor (default: `HFEngine`, transformers `generate` on the maker's actor);
+            weight syncs go into the engine.
         eval_dataloader_fn, accuracy_fn: held-out prompts and the accuracy rule for `evaluate`.
         seed: torch seed of this maker's sampling (give each maker its own).
         call_timeout_s: limit of every remote call this maker makes.
@@ -69,11 +80,13 @@ class ExperienceMakerHolder:
         model_fn: Callable[[], tuple[Any, Any, Any, Any]],
         tokenizer_fn: Callable[[], Any],
         dataloader_fn: Callable[[], Any],
-        kl_coef: float = 0.1,
+        kl_coef: float | None = None,
         callbacks: Sequence[Callback] = (),
         debug: bool = False,
         *,
-        maker_kwargs: dict[str, Any] | None = None,
+        experience_config: ExperienceConfig | None = None,
+        reward_shaping: RewardShaping | None = None,
+        engine_fn: Callable[[Any, Any], RolloutEngine] | None = None,
         eval_dataloader_fn: Callable[[], Any] | None = None,
         accuracy_fn: Callable[[str, str, str | None], float] | None = None,
         seed: int = 0,
@@ -91,7 +104,9 @@ class ExperienceMakerHolder:
         self.tokenizer = tokenizer_fn()
         generation = GenerationSettings.from_kwargs(**generate_kwargs)
         self.maker = NaiveExperienceMaker(
-            actor.eval(), critic.eval(), reward_model, initial_model, self.tokenizer, kl_coef, generation=generation, **(maker_kwargs or {})
+            actor.eval(), critic.eval(), reward_model, initial_model, self.tokenizer, kl_coef,
+            config=experience_config, shaping=reward_shaping, generation=generation,
+            engine=engine_fn(actor, self.tokenizer) if engine_fn is not None else None,
         )
         self.prompts = CyclicLoader(dataloader_fn())
         self.eval_dataloader_fn, self.accuracy_fn = eval_dataloader_fn, accuracy_fn
@@ -145,7 +160,9 @@ class ExperienceMakerHolder:
         dispatch(self.callbacks, "on_make_experience_start")
         start = time.perf_counter()
         with self._lock:
-            experience = self.maker.make_experience(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=self.policy_version)
+            experience = self.maker.make_experience(
+                batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=self.policy_version, row_fields=batch.get("row_fields"),
+            )
         self.counts["make_s"] += time.perf_counter() - start
         self.counts["batches"] += 1
         self.counts["made"] += experience.batch_size
@@ -226,8 +243,8 @@ class ExperienceMakerHolder:
         start = time.perf_counter()
         with self._lock:
             loaded = 0
-            if new_actor_state_dict is not None:
-                loaded += load_synced_state(self.maker.actor, new_actor_state_dict, "actor", fully_update)
+            if new_actor_state_dict is not None:  # through the engine: it generates with these weights
+                loaded += self.maker.engine.update_weights(new_actor_state_dict.items(), full=fully_update)
             if new_critic_state_dict is not None:
                 loaded += load_synced_state(self.maker.critic, new_critic_state_dict, "critic", fully_update)
             self.policy_version = policy_version

@@ -14,11 +14,7 @@ import torch
 from torch import nn
 
 from olingo.models.lora import has_lora, trainable_state
-
-
-def sync_keys(model: nn.Module) -> set[str]:
-    """The keys a sync of `model` carries: its trainable tensors under LoRA, else its whole state."""
-    return set(trainable_state(model)) if has_lora(model) else set(model.state_dict())
+from olingo.models.weights import load_named_tensors, sync_keys  # noqa: F401 - sync_keys: part of this module's API
 
 
 def state_dict_for_sync(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -37,21 +33,5 @@ def state_dict_nbytes(state: dict[str, torch.Tensor]) -> int:
 
 
 def load_synced_state(model: nn.Module, state: dict[str, torch.Tensor], what: str, fully_update: bool = True) -> int:
-    """Load `state` into `model`; raises ValueError unless the keys match. Returns tensors loaded.
-
-    fully_update: the state must hold every key a sync carries (`sync_keys`; a partial update,
-    e.g. only some layers, may leave keys out, but may never bring keys the model does not have).
-    """
-    expected = sync_keys(model)
-    unexpected = sorted(set(state) - expected)
-    missing = sorted(expected - set(state)) if fully_update else []
-    if unexpected or missing or not state:
-        raise ValueError(
-            f"weight sync for the {what}: the sent weights do not match the maker's model "
-            f"({len(missing)} missing keys, e.g. {missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]}); "
-            "the trainer and the maker must build the same architecture and LoRA settings "
-            "(and unwrap DDP/compile wrappers before sending)"
-        )
-    # Under LoRA the state is the trainable part only: the checks above are the strict ones.
-    model.load_state_dict(state, strict=fully_update and not has_lora(model))  # shape mismatches raise here
-    return len(state)
+    """Load a sync into a maker's `model` strictly (see `olingo.models.weights.load_named_tensors`)."""
+    return load_named_tensors(model, state, what, full=fully_update)

@@ -17,6 +17,7 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 from olingo.booster import Booster, Plugin, SingleProcessPlugin, TorchDDPPlugin, TorchFSDPPlugin
 from olingo.cluster import DistCoordinator
 from olingo.config import ConfigError, StrictModel, dump_config, packaged_config  # noqa: F401 - packaged_config moved to olingo.config, still importable here
+from olingo.dataset.chat_tokens import encode_chat
 from olingo.errors import ResumeError, RunIOError, check_installed
 from olingo.models.loading import check_model_path
 from olingo.models.lora import apply_lora
@@ -300,6 +301,18 @@ def check_batch_fits(rows: int, batch_size: int, world_size: int, batch_key: str
         raise ConfigError(
             f"{batch_key}={batch_size}{processes} is larger than the {rows} rows of {data_key}: "
             f"lower {batch_key} or add data"
+        )
+
+
+def check_room_for_text(tokenizer: Any, max_length: int, key: str, *, with_response: bool = True) -> None:
+    """`max_length` must leave room for text after the chat template's own tokens (turn
+    markers, a default system prompt, the generation prompt): a config error naming `key`."""
+    turns = [{"role": "user", "content": ""}] + ([{"role": "assistant", "content": ""}] if with_response else [])
+    overhead = len(encode_chat(tokenizer, turns, add_generation_prompt=not with_response))
+    if max_length <= overhead:
+        raise ConfigError(
+            f"{key}={max_length} leaves no room for text: the chat template alone takes {overhead} tokens "
+            f"for an empty conversation; raise {key}"
         )
 
 

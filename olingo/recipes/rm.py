@@ -27,6 +27,7 @@ from olingo.recipes.common import (
     RunConfig,
     build_callbacks,
     check_model_paths,
+    check_room_for_text,
     enable_gradient_checkpointing,
     fit_run,
     loaders_and_optimizer,
@@ -83,6 +84,7 @@ def run_rm(
         enable_gradient_checkpointing(model)
 
     # 3. data, validated before any training
+    check_room_for_text(tokenizer, cfg.data.max_length, "data.max_length")
     def dataset(sources: list[str]):
         return build_preference_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid)
 

@@ -26,6 +26,7 @@ from olingo.recipes.common import (
     RunConfig,
     build_callbacks,
     check_model_paths,
+    check_room_for_text,
     enable_gradient_checkpointing,
     fit_run,
     loaders_and_optimizer,
@@ -76,6 +77,7 @@ def run_sft(
         enable_gradient_checkpointing(model)
 
     # 3. data, validated before any training
+    check_room_for_text(tokenizer, cfg.data.max_length, "data.max_length")
     def dataset(sources: list[str]):
         return build_sft_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid)
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -39,7 +38,6 @@ from torch.utils.data import DataLoader
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
 from olingo.dataset.sampler import ResumableSampler
-from olingo.trainer import interrupt
 from olingo.trainer._support import (
     Evaluator,
     callback_states,
@@ -47,13 +45,12 @@ from olingo.trainer._support import (
     default_callbacks,
     due_evaluators,
     last_checkpoint_name,
-    loop_artifacts,
-    raise_if_interrupted,
     restore_callback_states,
     run_evaluator,
 )
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager, load_trained, save_trained
+from olingo.trainer.loop import is_due, loop_scope, optimizer_step_groups
 from olingo.trainer.utils import optimizer_steps_per_epoch, rng_state, set_rng_state
 
 logger = logging.getLogger("olingo.trainer")
@@ -138,10 +135,7 @@ class SLTrainer(ABC):
         consumed = state.extra["batches_consumed"] = self._batches_from_samples(consumed)
         if self._resume_position is None:
             state.step = self.start_epoch * self._steps_per_epoch()
-        t0, error = time.time(), None
-        dispatch(self.callbacks, "on_train_start", state)
-        interrupt.arm()
-        try:
+        with loop_scope(state, self.callbacks, self.save_dir, self._saved_rows) as run:
             for epoch in range(first_epoch, self.max_epochs):
                 state.epoch = epoch
                 self._train_epoch(epoch, consumed)
@@ -150,33 +144,19 @@ class SLTrainer(ABC):
                     break
                 self._eval(epoch)
             self._save_checkpoint(last_checkpoint_name(state))
-        except BaseException as err:
-            error = err
-            raise
-        finally:
-            interrupt.disarm()
-            artifacts = loop_artifacts(state, self.save_dir, self._saved_rows, t0, error)
-            dispatch(self.callbacks, "on_train_end", state, artifacts)
-        raise_if_interrupted(state, self.save_dir, self._saved_rows)
-        return artifacts
+        return run.artifacts
 
     def _train_epoch(self, epoch: int, consumed: int) -> None:
         """Micro-batches of one epoch, starting after `consumed` batches (mid-epoch resume)."""
         loader = self.train_dataloader
         sampler: ResumableSampler = loader.sampler  # type: ignore[assignment]
         sampler.set_epoch(epoch, start=consumed * self._global_batch_size())
-        num_batches = self._batches_per_epoch()
         self.model.train()
-        group: list[dict[str, Any]] = []
-        for index, batch in enumerate(loader, start=consumed):
-            group.append(self._to_device(batch))
-            first = (index // self.accumulation_steps) * self.accumulation_steps
-            if index - first + 1 < min(self.accumulation_steps, num_batches - first):
-                continue
+        batches = (self._to_device(batch) for batch in loader)
+        for index, group in optimizer_step_groups(batches, self.accumulation_steps, self._batches_per_epoch(), start=consumed):
             metrics = self._optimizer_step(self._train_group(group))
-            group = []
             self.state.extra["batches_consumed"] = index + 1
-            self._after_step(batch, metrics)
+            self._after_step(group[-1], metrics)
             if self.state.stop_requested:
                 return
 
@@ -222,9 +202,9 @@ class SLTrainer(ABC):
         dispatch(self.callbacks, "on_step_end", self.state, step, batch, metrics)
         if check_stop_signal(self.state, self.plugin):
             return  # the loop ends now and checkpoints this step
-        if self.save_interval and step % self.save_interval == 0:
+        if is_due(self.save_interval, step - 1, step):
             self._save_checkpoint(f"step_{step}")
-        if self.eval_interval and step % self.eval_interval == 0:
+        if is_due(self.eval_interval, step - 1, step):
             self._run_eval()
         due = due_evaluators(self.evaluators, step - 1, step)
         if due:  # every rank gathers a sharded model; rank 0 alone evaluates it

@@ -33,7 +33,6 @@ optimizer steps: a checkpoint is due at the end of the episode in which a multip
 from __future__ import annotations
 
 import logging
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,7 +42,6 @@ from olingo.booster import Booster
 from olingo.cluster import DistCoordinator
 from olingo.experience_buffer import NaiveExperienceBuffer
 from olingo.experience_maker import Experience
-from olingo.trainer import interrupt
 from olingo.trainer._support import (
     Evaluator,
     callback_states,
@@ -51,13 +49,12 @@ from olingo.trainer._support import (
     default_callbacks,
     due_evaluators,
     last_checkpoint_name,
-    loop_artifacts,
-    raise_if_interrupted,
     restore_callback_states,
     run_evaluator,
 )
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager
+from olingo.trainer.loop import is_due, loop_scope
 
 logger = logging.getLogger("olingo.trainer")
 
@@ -65,14 +62,14 @@ logger = logging.getLogger("olingo.trainer")
 class OLTrainer(ABC):
     """Online trainer base: episodes of experience collection then learning, with hooks.
 
-    Arguments as ColossalChat's `OLTrainer`, plus `coordinator`, `save_interval`, `save_dir`
-    and `eval_interval` (both intervals count optimizer steps; 0 = off).
+    Arguments as ColossalChat's `OLTrainer` less its `critic_booster` (a critic belongs to the
+    trainers that have one), plus `coordinator`, `save_interval`, `save_dir` and
+    `eval_interval` (both intervals count optimizer steps; 0 = off).
     """
 
     def __init__(
         self,
         actor_booster: Booster,
-        critic_booster: Booster,
         data_buffer: NaiveExperienceBuffer,
         sample_buffer: bool,
         dataloader_pin_memory: bool,
@@ -84,7 +81,6 @@ class OLTrainer(ABC):
         eval_interval: int = 0,
     ) -> None:
         self.actor_booster = actor_booster
-        self.critic_booster = critic_booster
         self.data_buffer = data_buffer
         self.sample_buffer = sample_buffer
         self.dataloader_pin_memory = dataloader_pin_memory
@@ -147,35 +143,20 @@ class OLTrainer(ABC):
         state = self.state
         state.num_steps = num_episodes * self._steps_per_episode(num_collect_steps, num_update_steps)
         state.policy, state.tokenizer = self._policy()
-        t0, error, artifacts = time.time(), None, None
-        dispatch(self.callbacks, "on_train_start", state)
-        interrupt.arm()
-        try:
-            dispatch(self.callbacks, "on_fit_start")
-            try:
-                for episode in range(self.start_episode, num_episodes):
-                    state.epoch, self._episode_start_step = episode, state.step
-                    self._run_episode(episode, num_collect_steps, num_update_steps)
-                    self.start_episode = episode + 1
-                    if state.extra.get("stop_signal"):
-                        break  # straight to the checkpoint: no evaluation
-                    self._after_episode()
-                    if state.stop_requested:
-                        break
-                if not state.extra.get("stop_signal") and (self.last_eval_metrics is None or self._last_eval_step != state.step):
-                    self._run_eval()  # the final policy is always evaluated
-                self._save_checkpoint(last_checkpoint_name(state))
-            finally:
-                dispatch(self.callbacks, "on_fit_end")
-        except BaseException as err:
-            error = err
-            raise
-        finally:
-            interrupt.disarm()
-            artifacts = self._artifacts(t0, error)
-            dispatch(self.callbacks, "on_train_end", state, artifacts)
-        raise_if_interrupted(state, self.save_dir, self._saved_rows)
-        return artifacts
+        with loop_scope(state, self.callbacks, self.save_dir, self._saved_rows, fit_hooks=True) as run:
+            for episode in range(self.start_episode, num_episodes):
+                state.epoch, self._episode_start_step = episode, state.step
+                self._run_episode(episode, num_collect_steps, num_update_steps)
+                self.start_episode = episode + 1
+                if state.extra.get("stop_signal"):
+                    break  # straight to the checkpoint: no evaluation
+                self._after_episode()
+                if state.stop_requested:
+                    break
+            if not state.extra.get("stop_signal") and (self.last_eval_metrics is None or self._last_eval_step != state.step):
+                self._run_eval()  # the final policy is always evaluated
+            self._save_checkpoint(last_checkpoint_name(state))
+        return run.artifacts
 
     def _run_episode(self, episode: int, num_collect_steps: int, num_update_steps: int) -> None:
         dispatch(self.callbacks, "on_episode_start", episode)
@@ -198,19 +179,15 @@ class OLTrainer(ABC):
     def _after_episode(self) -> None:
         """Checkpoint and evaluate when a multiple of their interval was reached this episode."""
         step = self.state.step
-        if self._crossed(self.save_interval, self._last_saved_step, step):
+        if is_due(self.save_interval, self._last_saved_step, step):
             self._save_checkpoint(f"step_{step}")
-        if self._crossed(self.eval_interval, self._last_eval_step, step):
+        if is_due(self.eval_interval, self._last_eval_step, step):
             self._run_eval()
         due = due_evaluators(self.evaluators, self._episode_start_step, step) if self.state.policy is not None else []
         if due:  # every rank gathers a sharded policy; rank 0 alone evaluates it
             with self.actor_booster.gathered(self.state.policy):
                 for evaluator in due if self.coordinator.is_master else ():
                     run_evaluator(self.callbacks, self.state, evaluator)
-
-    @staticmethod
-    def _crossed(interval: int, since: int, step: int) -> bool:
-        return bool(interval) and step // interval > since // interval
 
     def _after_step(self, batch: Any, metrics: dict[str, float]) -> None:
         dispatch(self.callbacks, "on_step_end", self.state, self.state.step, batch, metrics)
@@ -229,9 +206,6 @@ class OLTrainer(ABC):
     def _steps_per_episode(self, num_collect_steps: int, num_update_steps: int) -> int:
         """Optimizer steps one episode takes; subclasses that know their batch sizes say."""
         return num_update_steps
-
-    def _artifacts(self, t0: float, error: BaseException | None) -> LoopArtifacts:
-        return loop_artifacts(self.state, self.save_dir, self._saved_rows, t0, error)
 
     # ---- checkpoints --------------------------------------------------------------------------
     def _checkpoints(self) -> CheckpointManager:

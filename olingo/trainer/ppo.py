@@ -34,13 +34,21 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.cluster import DistCoordinator
 from olingo.dataset.sampler import CyclicLoader
+from olingo.engines import RolloutEngine
 from olingo.experience_buffer import NaiveExperienceBuffer
-from olingo.experience_maker import Experience, GenerationSettings, NaiveExperienceMaker
+from olingo.experience_maker import (
+    Experience,
+    ExperienceConfig,
+    GenerationSettings,
+    NaiveExperienceMaker,
+    RewardShaping,
+)
 from olingo.trainer.callbacks import Callback, dispatch
 from olingo.trainer.callbacks.builtin.samples import RolloutSamples
+from olingo.trainer.loop import optimizer_step_groups
 from olingo.trainer.online import OLTrainer
 from olingo.trainer.ppo_eval import evaluate_policy
-from olingo.trainer.ppo_learner import PPOLearner
+from olingo.trainer.ppo_learner import PPOLearner, PPOLossConfig
 from olingo.trainer.utils import rng_state, set_rng_state
 
 logger = logging.getLogger("olingo.trainer")
@@ -70,8 +78,10 @@ class PPOTrainer(OLTrainer):
     Every seed keyword keeps its name and default. `**generate_kwargs` are rollout settings
     (`GenerationSettings`: max_new_tokens, do_sample, temperature, top_k, top_p,
     stop_token_ids, stop_strings); unknown ones are errors. Keyword-only extras:
-    `maker_kwargs` (options of `NaiveExperienceMaker`: kl_estimator, kl_target, gamma, lam,
-    whiten_advantages, global_whitening, normalize_reward, reward_clip, reward_placement, truncation_penalty),
+    `experience_config` (`ExperienceConfig`: KL estimator and adaptive target, GAE, whitening,
+    shortcuts; the seed's `kl_coef` keyword sets its coefficient), `reward_shaping`
+    (`RewardShaping`: normalisation, clipping, placement, truncation penalty), `engine` (the
+    `RolloutEngine` to generate with; default transformers `generate` on the actor),
     `eval_interval` (optimizer steps), `accuracy_fn` ((prompt, response, gt_answer) -> float,
     counted correct when > 0) and `eval_generate_kwargs` for held-out evaluation.
     `ptx_coef > 0` needs a `pretrain_dataloader` in `fit` (checked when fit starts).
@@ -109,7 +119,9 @@ class PPOTrainer(OLTrainer):
         coordinator: DistCoordinator | None = None,
         callbacks: Sequence[Callback] = (),
         *,
-        maker_kwargs: dict[str, Any] | None = None,
+        experience_config: ExperienceConfig | None = None,
+        reward_shaping: RewardShaping | None = None,
+        engine: RolloutEngine | None = None,
         eval_interval: int = 0,
         accuracy_fn: Callable[[str, str, str | None], float] | None = None,
         eval_generate_kwargs: dict[str, Any] | None = None,
@@ -119,13 +131,14 @@ class PPOTrainer(OLTrainer):
             raise ValueError("use_tp=True: tensor parallelism is not available in olingo; use the DDP or FSDP2 plugin")
         if accumulation_steps < 1 or train_batch_size < 1:
             raise ValueError("accumulation_steps and train_batch_size must be >= 1")
-        learner = PPOLearner(
+        loss = PPOLossConfig(eps_clip=eps_clip, value_clip=value_clip, vf_coef=vf_coef, ptx_coef=ptx_coef)
+        learner = PPOLearner.build(
             actor_booster, critic_booster, actor, critic, actor_optim, critic_optim, actor_lr_scheduler, critic_lr_scheduler,
-            eps_clip=eps_clip, value_clip=value_clip, vf_coef=vf_coef, ptx_coef=ptx_coef, apply_loss_mask=apply_loss_mask,
+            loss, apply_loss_mask=apply_loss_mask,
         )
         buffer = NaiveExperienceBuffer(train_batch_size, buffer_limit, buffer_cpu_offload, pad_token_id=tokenizer.pad_token_id or 0)
         super().__init__(
-            actor_booster, critic_booster, buffer, sample_buffer, dataloader_pin_memory, callbacks,
+            actor_booster, buffer, sample_buffer, dataloader_pin_memory, callbacks,
             coordinator=coordinator, save_interval=save_interval, save_dir=save_dir, eval_interval=eval_interval,
         )
         self.learner = learner
@@ -138,8 +151,9 @@ class PPOTrainer(OLTrainer):
         # Unwrapped: rollouts are forward-only, so DDP's per-forward bookkeeping is not wanted;
         # the plugin's sum over ranks keeps KL, reward statistics and (optionally) whitening global.
         self.experience_maker = NaiveExperienceMaker(
-            actor_booster.unwrap(actor), critic_booster.unwrap(critic), reward_model, initial_model, tokenizer, kl_coef,
-            generation=self.generation, **{"all_reduce_sum": actor_booster.plugin.all_reduce_sum, **(maker_kwargs or {})},
+            actor_booster.unwrap(actor), critic_booster.unwrap(critic) if critic is not None else None, reward_model, initial_model, tokenizer, kl_coef,
+            config=experience_config, shaping=reward_shaping, engine=engine, generation=self.generation,
+            all_reduce_sum=actor_booster.plugin.all_reduce_sum,
         )
         self.train_batch_size, self.accumulation_steps = train_batch_size, accumulation_steps
         self.offload_inference_models = offload_inference_models
@@ -208,7 +222,9 @@ class PPOTrainer(OLTrainer):
         # Gathered: each rank's responses stop at their own length, so ranks run different
         # numbers of generation steps, which a sharded actor cannot serve layer by layer.
         with self.actor_booster.gathered(self.actor):
-            experience = self.experience_maker.make_experience(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=self.state.step)
+            experience = self.experience_maker.make_experience(
+                batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=self.state.step, row_fields=batch.get("row_fields"),
+            )
         self._episode_timing["make_experience"] += time.perf_counter() - start
         self._episode_timing["tokens"] += float(experience.action_mask.sum())
         self._episode_rollout.append(experience.info)
@@ -230,19 +246,12 @@ class PPOTrainer(OLTrainer):
         else:
             pin = self.dataloader_pin_memory and torch.cuda.is_available()
             minibatches = self.data_buffer.dataloader(shuffle=True, pin_memory=pin)
-        total = len(minibatches)
-        group: list[Experience] = []
-        for index, experience in enumerate(minibatches):
-            group.append(experience)
-            first = (index // self.accumulation_steps) * self.accumulation_steps
-            if len(group) < min(self.accumulation_steps, total - first):
-                continue
+        for _, group in optimizer_step_groups(minibatches, self.accumulation_steps, len(minibatches)):
             start = time.perf_counter()
             stats = self._train_group(group)
             metrics = self._optimizer_step(stats)
             metrics["time/learn"] = time.perf_counter() - start
             self._after_step(group[-1], metrics)
-            group = []
             if self.state.stop_requested:
                 return
 

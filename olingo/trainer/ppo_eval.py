@@ -40,7 +40,7 @@ def evaluate_policy(
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         for batch in loader:
-            scored = maker.rollout_and_score(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), generation)
+            scored = maker.rollout_and_score(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), generation, batch.get("row_fields"))
             mask = scored.rollout.action_mask
             kl = kl_estimate(scored.log_probs, scored.ref_log_probs, "k1", mask).sum(-1)
             reward = scored.raw_score.double().cpu()

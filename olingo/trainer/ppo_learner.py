@@ -1,10 +1,12 @@
-"""`PPOLearner`: the learn half of PPO (losses, backward, optimizer steps, their checkpoints).
+"""The learn half of PPO: a policy learner and, when there is a critic, a critic learner.
 
-Shared by `PPOTrainer` (one process makes and learns) and `olingo.ray`'s `DetachedPPOTrainer`
-(experience comes from remote makers), so both train with exactly the same maths. Per minibatch:
-    actor:  clipped policy loss (Schulman et al. 2017) (+ ptx LM loss on a pretrain batch)
-    critic: clipped value loss * vf_coef
-each scaled by `loss_scale` (1 / minibatches per optimizer step) before backward.
+`PolicyLearner` owns the actor (booster, optimizer, scheduler): clipped policy loss (Schulman
+et al. 2017) plus the optional ptx LM loss. `CriticLearner` owns the critic: clipped value loss
+times `vf_coef`. `PPOLearner` runs them together, minibatch by minibatch, and is shared by
+`PPOTrainer` (one process makes and learns) and `olingo.ray`'s `DetachedPPOTrainer` (experience
+from remote makers), so both train with exactly the same maths. A learner without a critic
+builds, steps and checkpoints none. Each loss is scaled by `loss_scale` (1 / minibatches per
+optimizer step) before backward.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 
 from olingo.booster import Booster, OptimizerWrapper
+from olingo.config import StrictModel
 from olingo.experience_maker import Experience, action_values, policy_logits
 from olingo.models.functional import (
     entropy_from_logits,
@@ -27,128 +31,200 @@ from olingo.models.loss import GPTLMLoss, PolicyLoss, ValueLoss
 from olingo.trainer.checkpoint import load_trained, save_trained
 
 
+class PPOLossConfig(StrictModel):
+    """PPO's losses: the `loss:` section of `olingo ppo`."""
+
+    eps_clip: float = Field(0.2, gt=0, description="policy ratio clip")
+    value_clip: float = Field(0.2, gt=0, description="value clip around the rollout-time values")
+    vf_coef: float = Field(1.0, ge=0, description="value-loss weight")
+    ptx_coef: float = Field(0.0, ge=0, le=1, description="weight of the pretraining LM loss (needs data.pretrain); the policy loss gets 1 - ptx_coef")
+
+
+def _check_boosted(name: str, optim: Any) -> None:
+    if not isinstance(optim, OptimizerWrapper):
+        raise TypeError(f"{name}: pass the optimizer returned by booster.boost(...), not the raw torch optimizer")
+
+
+class _Trained:
+    """One trained model with its booster, optimizer and scheduler, saved under `name`."""
+
+    name: str
+
+    def __init__(self, booster: Booster, model: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any) -> None:
+        _check_boosted(f"{self.name}_optim", optim)
+        self.booster, self.model, self.optim, self.scheduler = booster, model, optim, scheduler
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.booster.backward(loss, self.optim)
+
+    def step(self) -> dict[str, float]:
+        """Optimizer and scheduler step; the learning rate used and the gradient norm."""
+        lr = self.optim.param_groups[0]["lr"]
+        self.optim.step()
+        self.optim.zero_grad()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return {f"train/{self.name}_lr": lr, f"train/{self.name}_grad_norm": self.optim.grad_norm}
+
+    def no_sync(self) -> Any:
+        return self.booster.no_sync(self.model, self.optim)
+
+    def save(self, directory: Path) -> None:
+        """`<name>/` (HF directory), its optimizer (`save_trained`) and scheduler."""
+        save_trained(self.booster, directory, self.name, self.model, self.optim, f"{self.name}_optimizer")
+        if self.scheduler is not None:
+            self.booster.save_lr_scheduler(self.scheduler, directory / f"{self.name}_scheduler.pt")
+
+    def load(self, directory: Path) -> None:
+        """Each piece from its own file: never another model's into this one."""
+        load_trained(self.booster, directory, self.name, self.model, self.optim, f"{self.name}_optimizer")
+        if self.scheduler is not None:
+            self.booster.load_lr_scheduler(self.scheduler, directory / f"{self.name}_scheduler.pt")
+
+
+class PolicyLearner(_Trained):
+    """The actor: clipped policy loss, plus `ptx_coef` x the LM loss of a pretrain batch when
+    one is given (`apply_loss_mask`: only its `loss_mask` tokens count, as in SFT)."""
+
+    name = "actor"
+
+    def __init__(self, booster: Booster, actor: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any, *,
+                 eps_clip: float = 0.2, ptx_coef: float = 0.0, apply_loss_mask: bool = True) -> None:
+        super().__init__(booster, actor, optim, scheduler)
+        self.loss_fn, self.ptx_loss_fn = PolicyLoss(eps_clip), GPTLMLoss()
+        self.ptx_coef, self.apply_loss_mask = ptx_coef, apply_loss_mask
+
+    def losses(self, experience: Experience, temperature: float, ptx_batch: dict[str, Any] | None) -> tuple[torch.Tensor, bool, dict[str, torch.Tensor]]:
+        """(actor loss, skip, detached stats) of one minibatch; `temperature` is the one the
+        rollout sampled at, so the ratio compares the distributions the old log-probs came from."""
+        mask, num_actions = experience.action_mask, experience.num_actions
+        logits = policy_logits(self.model, experience.sequences, experience.attention_mask, num_actions, temperature)
+        log_probs = log_probs_from_logits(logits, experience.sequences[:, -num_actions:])
+        policy_loss, skip, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask)
+        loss, ptx_loss = policy_loss, torch.zeros((), device=self.booster.device)
+        if ptx_batch is not None:
+            ptx_loss = self.ptx_loss(ptx_batch)
+            loss = (1 - self.ptx_coef) * policy_loss + self.ptx_coef * ptx_loss
+        stats = {
+            "policy_loss": policy_loss.detach(), "ptx_loss": ptx_loss.detach(),
+            "clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"], "ratio_max": stats["ratio_max"],
+            "entropy": masked_mean(entropy_from_logits(logits.detach()), mask),
+        }
+        return loss, skip, stats
+
+    def ptx_loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Next-token loss of the actor on a pretrain (SFT-format) batch."""
+        batch = {k: v.to(self.booster.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        mask = batch["loss_mask"] if self.apply_loss_mask and "loss_mask" in batch else batch["attention_mask"]
+        return self.ptx_loss_fn(logits, batch["input_ids"], mask)
+
+
+class CriticLearner(_Trained):
+    """The critic: clipped value loss around the rollout-time values, times `vf_coef`."""
+
+    name = "critic"
+
+    def __init__(self, booster: Booster, critic: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any, *,
+                 value_clip: float = 0.2, vf_coef: float = 1.0) -> None:
+        super().__init__(booster, critic, optim, scheduler)
+        self.loss_fn, self.vf_coef = ValueLoss(value_clip), vf_coef
+
+    def losses(self, experience: Experience) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(value loss x vf_coef, detached stats) of one minibatch; needs values and returns."""
+        if experience.values is None or experience.returns is None:
+            raise ValueError("the critic learner needs experience with values and returns (made with a critic)")
+        mask = experience.action_mask
+        values = action_values(self.model, experience.sequences, experience.attention_mask, experience.num_actions)
+        value_loss, stats = self.loss_fn(values, experience.values, experience.returns, mask)
+        return value_loss * self.vf_coef, {
+            "value_loss": value_loss.detach(), "value_clipfrac": stats["value_clipfrac"],
+            "explained_variance": explained_variance(values.detach(), experience.returns, mask),
+        }
+
+
 class PPOLearner:
-    """Owns the trained pieces: actor and critic, their boosters, optimizers and schedulers.
+    """A policy learner and, optionally, a critic learner, stepped together."""
 
-    `ptx_coef` mixes a pretraining LM loss into the actor loss when a ptx batch is given
-    (`apply_loss_mask`: only the batch's `loss_mask` tokens count, as in SFT).
-    """
+    def __init__(self, policy: PolicyLearner, critic: CriticLearner | None = None) -> None:
+        self.policy, self.critic_learner = policy, critic
+        self.device = policy.booster.device
 
-    def __init__(
-        self,
-        actor_booster: Booster,
-        critic_booster: Booster,
-        actor: torch.nn.Module,
-        critic: torch.nn.Module,
-        actor_optim: OptimizerWrapper,
-        critic_optim: OptimizerWrapper,
-        actor_scheduler: Any,
-        critic_scheduler: Any,
-        *,
-        eps_clip: float = 0.2,
-        value_clip: float = 0.2,
-        vf_coef: float = 1.0,
-        ptx_coef: float = 0.0,
-        apply_loss_mask: bool = True,
-    ) -> None:
-        for name, optim in (("actor_optim", actor_optim), ("critic_optim", critic_optim)):
-            if not isinstance(optim, OptimizerWrapper):
-                raise TypeError(f"{name}: pass the optimizer returned by booster.boost(...), not the raw torch optimizer")
-        self.actor_booster, self.critic_booster = actor_booster, critic_booster
-        self.actor, self.critic = actor, critic
-        self.actor_optim, self.critic_optim = actor_optim, critic_optim
-        self.actor_scheduler, self.critic_scheduler = actor_scheduler, critic_scheduler
-        self.actor_loss_fn, self.critic_loss_fn, self.ptx_loss_fn = PolicyLoss(eps_clip), ValueLoss(value_clip), GPTLMLoss()
-        self.vf_coef, self.ptx_coef = vf_coef, ptx_coef
-        self.apply_loss_mask = apply_loss_mask
-        self.device = actor_booster.device
+    @classmethod
+    def build(cls, actor_booster: Booster, critic_booster: Booster | None, actor: torch.nn.Module, critic: torch.nn.Module | None,
+              actor_optim: OptimizerWrapper, critic_optim: OptimizerWrapper | None, actor_scheduler: Any, critic_scheduler: Any,
+              loss: PPOLossConfig | None = None, *, apply_loss_mask: bool = True) -> PPOLearner:
+        """From the pieces `booster.boost` returned; `critic=None` builds no critic learner."""
+        loss = loss or PPOLossConfig()
+        policy = PolicyLearner(actor_booster, actor, actor_optim, actor_scheduler, eps_clip=loss.eps_clip, ptx_coef=loss.ptx_coef, apply_loss_mask=apply_loss_mask)
+        if critic is None:
+            return cls(policy)
+        return cls(policy, CriticLearner(critic_booster, critic, critic_optim, critic_scheduler, value_clip=loss.value_clip, vf_coef=loss.vf_coef))
+
+    # Names the trainers and checkpoints use.
+    @property
+    def actor(self) -> torch.nn.Module:
+        return self.policy.model
+
+    @property
+    def critic(self) -> torch.nn.Module | None:
+        return self.critic_learner.model if self.critic_learner is not None else None
+
+    @property
+    def ptx_coef(self) -> float:
+        return self.policy.ptx_coef
+
+    @ptx_coef.setter
+    def ptx_coef(self, value: float) -> None:
+        self.policy.ptx_coef = value
+
+    def _learners(self) -> list[_Trained]:
+        return [self.policy] + ([self.critic_learner] if self.critic_learner is not None else [])
+
+    def train(self) -> None:
+        for learner in self._learners():
+            learner.model.train()
 
     def no_sync(self) -> ExitStack:
-        """Skip the data-parallel gradient all-reduce of both models (accumulation micro-steps)."""
+        """Skip the data-parallel gradient all-reduce of every trained model (accumulation micro-steps)."""
         stack = ExitStack()
-        stack.enter_context(self.actor_booster.no_sync(self.actor, self.actor_optim))
-        stack.enter_context(self.critic_booster.no_sync(self.critic, self.critic_optim))
+        for learner in self._learners():
+            stack.enter_context(learner.no_sync())
         return stack
 
     def training_step(
         self, experience: Experience, loss_scale: float, temperature: float = 1.0, ptx_batch: dict[str, torch.Tensor] | None = None
     ) -> dict[str, torch.Tensor]:
-        """Policy (+ptx) and value losses of one minibatch, backward scaled by `loss_scale`.
-
-        `temperature` must be the one the rollout sampled at, so the ratio compares the same
-        distributions the behaviour log-probs came from.
-        """
-        mask, num_actions = experience.action_mask, experience.num_actions
-        logits = policy_logits(self.actor, experience.sequences, experience.attention_mask, num_actions, temperature)
-        log_probs = log_probs_from_logits(logits, experience.sequences[:, -num_actions:])
-        policy_loss, skip, policy_stats = self.actor_loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask)
-        actor_loss, ptx_loss = policy_loss, torch.zeros((), device=self.device)
-        if ptx_batch is not None:
-            ptx_loss = self.ptx_loss(ptx_batch)
-            actor_loss = (1 - self.ptx_coef) * policy_loss + self.ptx_coef * ptx_loss
+        """Policy (+ptx) and, with a critic, value losses of one minibatch; backward x `loss_scale`."""
+        actor_loss, skip, stats = self.policy.losses(experience, temperature, ptx_batch)
         skip = self.any_rank(skip)
         # A skipped minibatch still runs backward (times 0) so data-parallel ranks stay in step.
-        self.actor_booster.backward(actor_loss * (0.0 if skip else loss_scale), self.actor_optim)
-
-        values = action_values(self.critic, experience.sequences, experience.attention_mask, num_actions)
-        value_loss, value_stats = self.critic_loss_fn(values, experience.values, experience.returns, mask)
-        self.critic_booster.backward(value_loss * self.vf_coef * loss_scale, self.critic_optim)
-        return {
-            "policy_loss": policy_loss.detach(),
-            "value_loss": value_loss.detach(),
-            "ptx_loss": ptx_loss.detach(),
-            "clipfrac": policy_stats["clipfrac"],
-            "approx_kl": policy_stats["approx_kl"],
-            "entropy": masked_mean(entropy_from_logits(logits.detach()), mask),
-            "explained_variance": explained_variance(values.detach(), experience.returns, mask),
-            "ratio_max": policy_stats["ratio_max"],
-            "skip_ratio": torch.tensor(float(skip), device=self.device),
-            "value_clipfrac": value_stats["value_clipfrac"],
-        }
-
-    def ptx_loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Next-token loss of the actor on a pretrain (SFT-format) batch."""
-        batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        logits = self.actor(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        mask = batch["loss_mask"] if self.apply_loss_mask and "loss_mask" in batch else batch["attention_mask"]
-        return self.ptx_loss_fn(logits, batch["input_ids"], mask)
+        self.policy.backward(actor_loss * (0.0 if skip else loss_scale))
+        stats["skip_ratio"] = torch.tensor(float(skip), device=self.device)
+        if self.critic_learner is not None:
+            value_loss, value_stats = self.critic_learner.losses(experience)
+            self.critic_learner.backward(value_loss * loss_scale)
+            stats.update(value_stats)
+        return stats
 
     def any_rank(self, flag: bool) -> bool:
-        return bool(self.actor_booster.plugin.all_reduce_sum(torch.tensor(float(flag), device=self.device)) > 0)
+        return bool(self.policy.booster.plugin.all_reduce_sum(torch.tensor(float(flag), device=self.device)) > 0)
 
     def optimizer_step(self, stats: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Step both optimizers and schedulers; `train/*` metrics of the step averaged over ranks."""
-        lrs = {"train/actor_lr": self.actor_optim.param_groups[0]["lr"], "train/critic_lr": self.critic_optim.param_groups[0]["lr"]}
-        for optim, scheduler in ((self.actor_optim, self.actor_scheduler), (self.critic_optim, self.critic_scheduler)):
-            optim.step()
-            optim.zero_grad()
-            if scheduler is not None:
-                scheduler.step()
+        """Step every optimizer and scheduler; `train/*` metrics of the step averaged over ranks."""
+        steps = [learner.step() for learner in self._learners()]
         names = list(stats)
-        values = self.actor_booster.plugin.all_reduce_mean(torch.stack([stats[n].float() for n in names])).tolist()
+        values = self.policy.booster.plugin.all_reduce_mean(torch.stack([stats[n].float() for n in names])).tolist()
         metrics = {f"train/{n}": v for n, v in zip(names, values, strict=True)}
-        metrics.update(lrs)
-        metrics["train/actor_grad_norm"] = self.actor_optim.grad_norm
-        metrics["train/critic_grad_norm"] = self.critic_optim.grad_norm
+        for step in steps:
+            metrics.update(step)
         return metrics
 
-    # ---- checkpoints: each piece to and from its own file ---------------------------------------
-    def _trained(self) -> list[tuple[str, Booster, torch.nn.Module, OptimizerWrapper, Any]]:
-        return [
-            ("actor", self.actor_booster, self.actor, self.actor_optim, self.actor_scheduler),
-            ("critic", self.critic_booster, self.critic, self.critic_optim, self.critic_scheduler),
-        ]
-
     def save(self, directory: Path) -> None:
-        """actor/, critic/ (HF directories), their optimizers (`save_trained`) and schedulers."""
-        for name, booster, model, optim, scheduler in self._trained():
-            save_trained(booster, directory, name, model, optim, f"{name}_optimizer")
-            if scheduler is not None:
-                booster.save_lr_scheduler(scheduler, directory / f"{name}_scheduler.pt")
+        """actor/ (and critic/ with a critic): HF directories, optimizers and schedulers."""
+        for learner in self._learners():
+            learner.save(directory)
 
     def load(self, directory: Path) -> None:
-        """Each model, optimizer and scheduler from its own file: never the actor's into the critic."""
-        for name, booster, model, optim, scheduler in self._trained():
-            load_trained(booster, directory, name, model, optim, f"{name}_optimizer")
-            if scheduler is not None:
-                booster.load_lr_scheduler(scheduler, directory / f"{name}_scheduler.pt")
+        for learner in self._learners():
+            learner.load(directory)

@@ -5,6 +5,10 @@ YAML file is an error naming the key (with a did-you-mean), not a silently ignor
 Third-party packages add callbacks through the entry-point group `olingo.callbacks`
 (`name = "package.module:ClassName"`); they are loaded on first lookup. A name is owned by one
 class: a second, different class under a taken name (built-in or not) is refused.
+
+Built-ins that belong to a higher layer (`local_logger` writes the experiment layer's results)
+are named here by module path in `_BUILTIN_MODULES` and imported on first lookup, like entry
+points: the trainer layer never imports them at import time.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Mapping
+from importlib import import_module
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -24,6 +29,8 @@ logger = logging.getLogger("olingo.callbacks")
 ENTRY_POINT_GROUP = "olingo.callbacks"
 _REGISTRY: dict[str, type[Callback]] = {}
 _entry_points_loaded = False
+# Built-in callbacks defined above this layer: kind -> the module whose import registers it.
+_BUILTIN_MODULES = {"local_logger": "olingo.experiment.local_logger"}
 
 
 def register_callback(name: str, *aliases: str) -> Callable[[type[Callback]], type[Callback]]:
@@ -68,6 +75,8 @@ def registered_callbacks() -> dict[str, type[Callback]]:
     """Name -> class for every known callback (built-ins and entry points)."""
     import olingo.trainer.callbacks.builtin  # noqa: F401 - registers the built-ins
 
+    for module in _BUILTIN_MODULES.values():
+        import_module(module)
     _load_entry_points()
     return dict(_REGISTRY)
 

@@ -13,6 +13,10 @@ Per run, in the run directory (next to the trainer's `metrics.jsonl`):
 In the experiment directory, `experiment.md`: the hypothesis, the success metric, one line per
 run, mean +- std per arm and the conclusion; rewritten after every run, so a stopped experiment
 still has it. Outside an experiment, `summary.md` is written at train end from the last metrics.
+
+It lives beside the results it writes (`olingo.experiment.results`); the callback registry loads
+this module by name on the first lookup, so `{"kind": "local_logger"}` builds it anywhere
+without the trainer layer importing the experiment layer.
 """
 
 from __future__ import annotations

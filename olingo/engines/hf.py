@@ -1,0 +1,202 @@
+"""`HFEngine`: the default rollout engine, transformers `generate` with a KV cache.
+
+`generate_rollout` runs `generate` on left-padded prompts and returns `sequences = [left-padded
+prompt | response, right-padded with pad]`. The response end is recomputed from the tokens
+(`action_mask_from_responses`) instead of trusted from `generate`, so every per-token RL tensor
+can use the same (B, A) action mask. The engine generates with the very module it is given: in
+single-process training that is the trained actor itself, so there are no weights to sync.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from olingo.engines.base import repeat_prompts
+from olingo.engines.settings import (
+    GenerationSettings,
+    Rollout,
+    resolve_stop_token_ids,
+    rollout_from_responses,
+)
+from olingo.models.weights import load_named_tensors
+
+# `generate` fills every `None` field of the config we pass from `model.generation_config`.
+# These fields have no "off" value that is not `None`, so a model's own setting would still
+# change the sampled tokens; `generate_rollout` warns when a model sets one of them.
+_FIELDS_WITHOUT_OFF_VALUE = (
+    "bad_words_ids",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "sequence_bias",
+    "exponential_decay_length_penalty",
+    "watermarking_config",
+)
+_SAMPLING_FIELDS_WITHOUT_OFF_VALUE = ("min_p", "top_h")
+
+
+def build_generation_config(settings: GenerationSettings, tokenizer: Any) -> GenerationConfig:
+    """An explicit `GenerationConfig` for `settings`, every logits processor set to off.
+
+    `generate` fills each `None` field from the model's own generation_config and then from
+    library defaults (top_k=50), so "off" must be written out: top_k=0 disables top-k, while
+    top_k=None would become 50. Greedy decoding gets the neutral temperature/top_p/top_k
+    (1.0/1.0/50): they are ignored without sampling, and leaving them None lets a model's
+    sampling defaults in, which makes transformers warn about flags it will ignore.
+    """
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            "the tokenizer has no pad token; set one (e.g. tokenizer.pad_token = "
+            "tokenizer.eos_token) before padding prompts"
+        )
+    sampling = (
+        {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p}
+        if settings.do_sample
+        else {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+    )
+    neutral_sampling = {"typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+    return GenerationConfig(
+        max_new_tokens=settings.max_new_tokens,
+        do_sample=settings.do_sample,
+        **sampling,
+        **(neutral_sampling if settings.do_sample else {}),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=resolve_stop_token_ids(settings, tokenizer),
+        stop_strings=settings.stop_strings,
+        use_cache=True,
+        num_beams=1,
+        num_return_sequences=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        min_new_tokens=0,  # takes precedence over any min_length of the model
+        return_dict_in_generate=False,
+    )
+
+
+@torch.no_grad()
+def generate_rollout(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    tokenizer: Any,
+    settings: GenerationSettings,
+    *,
+    with_log_probs: bool = False,
+) -> Rollout:
+    """Generate responses for left-padded prompts and lay them out as a `Rollout`.
+
+    input_ids, attention_mask: (B, P), left-padded. The model generates in eval mode (no
+    dropout) and gets its mode back afterwards. Sampling draws from the global torch RNG,
+    which is never reseeded here. Returned tensors live on the model's device.
+
+    `with_log_probs` also returns log pi(token j | prefix) at the sampling temperature, from
+    the logits `generate` computed anyway, which saves PPO the actor's scoring forward. Cost:
+    generate keeps every step's raw logits until it returns, B x A x V floats (fine for small
+    vocabularies; 2.4 GB for B=32, A=512, V=150k in bf16). The values match a full forward
+    up to kernel rounding (KV-cache vs full attention: ~1e-6 in fp32, more in bf16).
+    """
+    _check_left_padded(input_ids, attention_mask)
+    device = _model_device(model)
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    config = build_generation_config(settings, tokenizer)
+    _warn_on_leaking_model_settings(model, settings)
+    extra = {"tokenizer": tokenizer} if settings.stop_strings else {}
+
+    # Per-module modes, so a submodule kept in eval (e.g. a frozen part) stays in eval.
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        if with_log_probs:
+            extra |= {"output_logits": True, "return_dict_in_generate": True}
+        output = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=config, **extra
+        )
+    finally:
+        for module, training in modes:
+            module.training = training
+
+    responses = (output.sequences if with_log_probs else output)[:, input_ids.shape[1]:]
+    log_probs = _sampled_log_probs(output.logits, responses, settings) if with_log_probs else None
+    return rollout_from_responses(input_ids, attention_mask, responses, tokenizer, settings, log_probs)
+
+
+def _sampled_log_probs(step_logits: tuple[torch.Tensor, ...], responses: torch.Tensor, settings: GenerationSettings) -> torch.Tensor:
+    """log softmax(raw logits / T) at each sampled token: A tensors (B, V) -> (B, A).
+
+    The raw (unprocessed) logits, divided by the temperature and nothing else: the same
+    distribution `policy_logits` defines, so the PPO ratio compares like with like.
+    """
+    temperature = settings.temperature if settings.do_sample else 1.0
+    logits = torch.stack(step_logits, dim=1).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.gather(logits.log_softmax(-1), -1, responses.unsqueeze(-1)).squeeze(-1)
+
+
+def _check_left_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    """Raise unless both are (B, P) and every row's last mask entry is 1."""
+    if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
+        raise ValueError(
+            f"input_ids and attention_mask must both be (B, P), got {tuple(input_ids.shape)} "
+            f"and {tuple(attention_mask.shape)}"
+        )
+    right_padded = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
+    if right_padded:
+        raise ValueError(
+            f"prompts must be left-padded, but rows {right_padded} end with padding; "
+            'set tokenizer.padding_side = "left" before tokenizing the prompts'
+        )
+
+
+def _model_device(model: Any) -> torch.device:
+    """The device of the model's parameters (HF models also expose it as `.device`)."""
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else next(model.parameters()).device
+
+
+def _warn_on_leaking_model_settings(model: Any, settings: GenerationSettings) -> None:
+    """Warn when the model's generation_config sets a processor `generate` will apply anyway."""
+    model_config = getattr(model, "generation_config", None)
+    if model_config is None:
+        return
+    fields = _FIELDS_WITHOUT_OFF_VALUE
+    fields += _SAMPLING_FIELDS_WITHOUT_OFF_VALUE if settings.do_sample else ()
+    fields += ("stop_strings",) if settings.stop_strings is None else ()
+    leaking = [name for name in fields if getattr(model_config, name, None) is not None]
+    if leaking:
+        warnings.warn(
+            f"model.generation_config sets {leaking}; generate applies them to rollouts on top "
+            "of GenerationSettings. Set them to None on model.generation_config to sample from "
+            "the plain policy.",
+            stacklevel=3,
+        )
+
+
+class HFEngine:
+    """transformers `generate` behind the `RolloutEngine` interface.
+
+    model: the policy to sample from (a causal LM; in single-process training the trained
+    actor itself, unwrapped). `with_log_probs`: also return log-probs of the sampled tokens
+    from generate's own logits (see `generate_rollout`); otherwise the caller scores them.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, with_log_probs: bool = False) -> None:
+        self.model, self.tokenizer, self.with_log_probs = model, tokenizer, with_log_probs
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, settings: GenerationSettings, n: int = 1) -> Rollout:
+        """B left-padded prompts -> B * n rollouts (prompt-major); sampling uses the global torch RNG."""
+        input_ids, attention_mask = repeat_prompts(input_ids, attention_mask, n)
+        return generate_rollout(self.model, input_ids, attention_mask, self.tokenizer, settings, with_log_probs=self.with_log_probs)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, full: bool = True) -> int:
+        """Copy weights into the engine's model by name, strictly (see `load_named_tensors`)."""
+        return load_named_tensors(self.model, dict(named_tensors), "policy", full=full)
+
+    def close(self) -> None:
+        self.model = None  # the model may be the trained actor: drop the reference, free nothing else

@@ -1,0 +1,439 @@
+"""Pluggable rewards: reward functions by name or import path, summed with weights, plus an
+optional neural term.
+
+Naming a function (a *spec*, the keys of the config's `reward.functions: {spec: weight}`):
+    "arithmetic_exact"        a registered name (`@register_reward("arithmetic_exact")`)
+    "my_pkg.rewards:exact"    `exact` from module `my_pkg.rewards`, which must be importable
+                              (its directory on PYTHONPATH, e.g. `PYTHONPATH=. olingo ppo ...`)
+Names registered by a module of your own exist once that module is imported; naming one of its
+functions by path imports it.
+
+Two forms of reward function, both accepted:
+    batched     fn(prompts, responses, gt_answers, **row_fields) -> B numbers (list, tuple,
+                1-D tensor or array); each row field is a list of B values
+    single-row  fn(prompt, response, gt_answer, **row_fields) -> one number; called once per
+                row, each row field is that row's value
+The rule that tells them apart, first match wins:
+    1. an explicit attribute `fn.olingo_batched` (True or False); `@batched` sets it to True;
+    2. the first parameter is named `prompts`: batched;
+    3. anything else is single-row (also callables whose signature cannot be read).
+`**kwargs` says nothing about the form: either form may take it.
+
+Row fields are the fields of the prompt rows besides prompt/messages/gt_answer (see
+`olingo.dataset.prompts`), e.g. `{"prompt": ..., "gt_answer": ..., "tests": [...]}` gives a
+field `tests`. A function receives the fields it names as parameters after its first three, or
+all of them when it takes `**kwargs`; others are not passed, so three-argument functions keep
+working. A field named like one of its first three parameters is never passed (it would clash).
+A row that lacks a field other rows have gives None for it. Treat the values as read-only.
+
+`response` is the decoded response without special tokens (the stop token is not part of it);
+whether it stopped at all is the experience maker's business (truncation penalty). Numbers are
+anything `float()` takes except strings (bools count as 0/1). A function that raises, returns
+NaN or inf, the wrong number of values or something that is not a number is a `RewardError`
+naming the function and the row: never a silent zero.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from olingo.config_errors import did_you_mean
+from olingo.errors import OlingoError
+from olingo.tasks.arithmetic import is_correct
+
+RewardFn = Callable[[str, str, "str | None"], float]
+BatchedRewardFn = Callable[..., Sequence[float]]
+F = TypeVar("F", bound=Callable[..., Any])
+
+REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {}  # registered name -> function
+BATCHED_ATTR = "olingo_batched"
+_PATH_EXAMPLE = "'package.module:function'"
+
+
+class RewardError(OlingoError, ValueError):
+    """A reward function that cannot be found, or that failed or returned a bad value; the
+    message names the function (and the row). A ValueError, as unknown names always were."""
+
+
+# ---- registry and resolution ----------------------------------------------------------------
+def register_reward(name: str) -> Callable[[F], F]:
+    """Decorator: register a reward function under `name` (no ':', which marks import paths)."""
+    if not name or ":" in name or name != name.strip():
+        raise RewardError(f"bad reward function name {name!r}: a registered name is non-empty, without ':' or surrounding spaces")
+
+    def register(fn: F) -> F:
+        taken = REWARD_FUNCTIONS.get(name)
+        # Re-importing (or reloading) the defining module registers the same function again.
+        if taken is not None and _qualified(taken) != _qualified(fn):
+            raise RewardError(f"reward function name '{name}' is taken by {_qualified(taken)}; register {_qualified(fn)} under another name")
+        REWARD_FUNCTIONS[name] = fn
+        return fn
+
+    return register
+
+
+def batched(fn: F) -> F:
+    """Decorator: mark `fn` as the batched form whatever its parameters are called."""
+    try:
+        setattr(fn, BATCHED_ATTR, True)
+    except (AttributeError, TypeError):  # e.g. a bound method: mark a thin wrapper instead
+        return batched(_wrap(fn))  # type: ignore[return-value]
+    return fn
+
+
+def resolve_reward(spec: str) -> Callable[..., Any]:
+    """The callable a spec names: a registered name, or 'package.module:function' (imported)."""
+    if ":" in spec:
+        return _import_path(spec)
+    if spec in REWARD_FUNCTIONS:
+        return REWARD_FUNCTIONS[spec]
+    hint = did_you_mean(spec, REWARD_FUNCTIONS)
+    if not hint and "." in spec:  # 'my_pkg.rewards.exact' is a common way to mean a path
+        module, _, attr = spec.rpartition(".")
+        hint = f" (did you mean '{module}:{attr}'?)"
+    raise RewardError(
+        f"unknown reward function '{spec}'{hint}; registered: {', '.join(sorted(REWARD_FUNCTIONS))}; "
+        f"name a function of your own by its import path, {_PATH_EXAMPLE}"
+    )
+
+
+def _import_path(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise RewardError(f"reward function '{spec}': expected an import path {_PATH_EXAMPLE}")
+    module = _import_module(spec, module_name)
+    obj: Any = module
+    for part in attr.split("."):  # 'module:Class.method' or 'module:instance.attr'
+        if not hasattr(obj, part):
+            choices = [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))]
+            raise RewardError(f"reward function '{spec}': '{module_name}' has no attribute '{attr}'{did_you_mean(part, choices)}")
+        obj = getattr(obj, part)
+    if inspect.isclass(obj):
+        raise RewardError(f"reward function '{spec}' is a class; name a function, or an instance created at module level")
+    if not callable(obj):
+        raise RewardError(f"reward function '{spec}' is {type(obj).__name__}, not a function")
+    return obj
+
+
+def _import_module(spec: str, module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except Exception as err:  # not found, or its own code failed (syntax, a missing dependency)
+        missing = err.name if isinstance(err, ModuleNotFoundError) else None
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise RewardError(
+                f"reward function '{spec}': no module named '{missing}'; is the directory that "
+                "holds it on PYTHONPATH? (e.g. PYTHONPATH=. olingo ppo ...)"
+            ) from err
+        raise RewardError(f"reward function '{spec}': importing '{module_name}' failed: {_one_line(err)}") from err
+
+
+# ---- one function, its form and its validated values -----------------------------------------
+@dataclass(frozen=True)
+class RewardFunction:
+    """A resolved reward function and how to call it.
+
+    name: the spec it came from (or the callable's name); fn: the callable; batched: its form;
+    fields: the row fields it takes by name (None: all, it has **kwargs); required: those of
+    them without a default; positional: its first three parameters' names (never row fields).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    batched: bool
+    fields: frozenset[str] | None
+    required: frozenset[str]
+    positional: frozenset[str]
+
+    def values(self, prompts: Sequence[str], responses: Sequence[str], gt_answers: Sequence[str | None], row_fields: Mapping[str, Sequence[Any]] | None = None) -> torch.Tensor:
+        """(B,) float64 validated values, unweighted; RewardError names the function and row."""
+        fields = self._select(row_fields or {})
+        if not prompts:
+            return torch.zeros(0, dtype=torch.float64)
+        if self.batched:
+            return self._batched_values(prompts, responses, gt_answers, fields)
+        values = []
+        for i, (p, r, g) in enumerate(zip(prompts, responses, gt_answers, strict=True)):
+            try:
+                value = self.fn(p, r, g, **{k: v[i] for k, v in fields.items()})
+            except Exception as err:
+                raise RewardError(f"reward function '{self.name}' raised on row {i} (prompt {_shorten(p)}): {_one_line(err)}") from err
+            values.append(self._number(value, i, p))
+        return torch.tensor(values, dtype=torch.float64)
+
+    def score_one(self, prompt: str, response: str, gt_answer: str | None, row_fields: Mapping[str, Any] | None = None) -> float:
+        """One row's validated value, whatever the function's form (e.g. for accuracy checks)."""
+        fields = {k: [v] for k, v in (row_fields or {}).items()}
+        return float(self.values([prompt], [response], [gt_answer], fields)[0])
+
+    def _batched_values(self, prompts: Sequence[str], responses: Sequence[str], gt_answers: Sequence[str | None], fields: dict[str, Sequence[Any]]) -> torch.Tensor:
+        try:
+            result = self.fn(list(prompts), list(responses), list(gt_answers), **{k: list(v) for k, v in fields.items()})
+        except Exception as err:
+            where = f"a batch of {len(prompts)} rows (first prompt {_shorten(prompts[0])})"  # the row is unknown
+            raise RewardError(f"reward function '{self.name}' raised on {where}: {_one_line(err)}") from err
+        if getattr(result, "ndim", None) == 1 and hasattr(result, "tolist"):  # a tensor or an array
+            result = result.tolist()
+        if not isinstance(result, list | tuple):
+            raise RewardError(f"reward function '{self.name}' returned {_describe(result)} for {len(prompts)} rows, expected a list of {len(prompts)} numbers, one per row (it is called batched)")
+        if len(result) != len(prompts):
+            raise RewardError(f"reward function '{self.name}' returned {len(result)} values for {len(prompts)} rows; a batched reward function returns one number per row")
+        return torch.tensor([self._number(v, i, prompts[i]) for i, v in enumerate(result)], dtype=torch.float64)
+
+    def _number(self, value: Any, row: int, prompt: str) -> float:
+        number = _as_float(value)
+        if number is None:
+            hint = "; a batched function names its first parameter 'prompts' or is marked @batched" if isinstance(value, list | tuple) else ""
+            raise RewardError(f"reward function '{self.name}' returned {_describe(value)} for row {row} (prompt {_shorten(prompt)}), expected a number{hint}")
+        if not math.isfinite(number):
+            raise RewardError(f"reward function '{self.name}' returned {number} for row {row} (prompt {_shorten(prompt)}); rewards must be finite")
+        return number
+
+    def _select(self, row_fields: Mapping[str, Sequence[Any]]) -> dict[str, Sequence[Any]]:
+        missing = self.required - row_fields.keys()
+        if missing:
+            have = ", ".join(sorted(row_fields)) or "none"
+            raise RewardError(f"reward function '{self.name}' needs the row field(s) {', '.join(sorted(missing))}, which the prompt rows lack (their extra fields: {have})")
+        return {k: v for k, v in row_fields.items() if k not in self.positional and (self.fields is None or k in self.fields)}
+
+
+def reward_function(spec: str | Callable[..., Any], name: str | None = None) -> RewardFunction:
+    """Resolve `spec` (a name, an import path or a callable) and read its form from its signature."""
+    fn = resolve_reward(spec) if isinstance(spec, str) else spec
+    if not callable(fn):
+        raise RewardError(f"a reward function must be callable or a name, got {type(fn).__name__}")
+    name = name or _default_name(spec)
+    explicit = getattr(fn, BATCHED_ATTR, None)
+    if explicit is not None and not isinstance(explicit, bool):
+        raise RewardError(f"reward function '{name}': {BATCHED_ATTR} must be True or False, got {explicit!r}")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # some builtins: no signature, so no row fields either
+        return RewardFunction(name, fn, bool(explicit), frozenset(), frozenset(), frozenset())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 3 and not any(p.kind == p.VAR_POSITIONAL for p in params):
+        raise RewardError(
+            f"reward function '{name}' takes ({', '.join(p.name for p in params)}); a reward function takes "
+            "(prompt, response, gt_answer) or, batched, (prompts, responses, gt_answers), then row fields"
+        )
+    first = positional[:3]
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p not in first]
+    is_batched = explicit if explicit is not None else bool(positional) and positional[0].name == "prompts"
+    return RewardFunction(
+        name,
+        fn,
+        is_batched,
+        None if any(p.kind == p.VAR_KEYWORD for p in params) else frozenset(p.name for p in named),
+        frozenset(p.name for p in named if p.default is p.empty),
+        frozenset(p.name for p in first),
+    )
+
+
+# ---- the weighted sum ---------------------------------------------------------------------
+@dataclass
+class RewardScores:
+    """Scores of one batch of B rollouts (all on CPU).
+
+    total: (B,) float32, sum_k weight_k * terms[k];
+    terms: name -> (B,) float32 unweighted values of each term (a function's spec, or the
+        neural term's name), in the order they were configured;
+    weights: name -> the weight of that term.
+    """
+
+    total: torch.Tensor
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+
+NeuralScorer = Callable[..., torch.Tensor]
+
+
+class CompositeReward:
+    """Weighted sum of reward functions and, optionally, one neural term.
+
+    Args:
+        functions: `{spec: weight}` (the config's form) or `[(spec or callable, weight), ...]`.
+            A weight of 0 still computes and reports the term (a metric you do not train on).
+        neural: scores token sequences: a callable (an nn.Module, a function) is called, any
+            other object has its `.score` called, with `model_inputs` of `score`, e.g.
+            `(sequences, attention_mask)`; it returns (B,) scores.
+        neural_weight: the neural term's weight.
+        neural_name: the neural term's name in `RewardScores.terms`.
+    """
+
+    def __init__(
+        self,
+        functions: Mapping[str, float] | Sequence[tuple[str | Callable[..., Any], float]] = (),
+        *,
+        neural: NeuralScorer | Any | None = None,
+        neural_weight: float = 1.0,
+        neural_name: str = "model",
+    ) -> None:
+        pairs = list(functions.items()) if isinstance(functions, Mapping) else list(functions)
+        if not pairs and neural is None:
+            raise RewardError("no reward terms: give reward functions, a neural reward, or both")
+        if neural is not None and not callable(neural) and not callable(getattr(neural, "score", None)):
+            raise RewardError(f"the neural reward must be callable or have a score method, got {type(neural).__name__}")
+        names = _unique([_default_name(spec) for spec, _ in pairs] + [neural_name])
+        self.functions = [reward_function(spec, name) for (spec, _), name in zip(pairs, names[:-1], strict=True)]
+        self.function_weights = [_weight(w, f.name) for (_, w), f in zip(pairs, self.functions, strict=True)]
+        self.neural, self.neural_name = neural, names[-1]
+        self.neural_weight = _weight(neural_weight, self.neural_name)
+
+    @property
+    def term_weights(self) -> dict[str, float]:
+        """Term name -> weight, in scoring order."""
+        terms = {f.name: w for f, w in zip(self.functions, self.function_weights, strict=True)}
+        return terms | ({self.neural_name: self.neural_weight} if self.neural is not None else {})
+
+    def score(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        gt_answers: Sequence[str | None],
+        row_fields: Mapping[str, Sequence[Any]] | None = None,
+        *,
+        model_inputs: Sequence[Any] | None = None,
+    ) -> RewardScores:
+        """Score B rollouts: every term, validated, and their weighted sum (see `RewardScores`).
+
+        row_fields: extra prompt-row fields, each a list of B values; model_inputs: the
+        positional arguments of the neural term (needed when there is one).
+        """
+        n = len(prompts)
+        _check_lengths(n, responses, gt_answers, row_fields or {})
+        total = torch.zeros(n, dtype=torch.float64)  # float64 sum, as Python floats always did
+        terms: dict[str, torch.Tensor] = {}
+        for fn, weight in zip(self.functions, self.function_weights, strict=True):
+            values = fn.values(prompts, responses, gt_answers, row_fields)
+            total += weight * values
+            terms[fn.name] = values.float()
+        if self.neural is not None:
+            values = self._neural_values(prompts, model_inputs)
+            total += self.neural_weight * values
+            terms[self.neural_name] = values.float()
+        return RewardScores(total.float(), terms, self.term_weights)
+
+    def _neural_values(self, prompts: Sequence[str], model_inputs: Sequence[Any] | None) -> torch.Tensor:
+        if model_inputs is None:
+            raise ValueError(f"the neural reward '{self.neural_name}' needs model_inputs, e.g. (sequences, attention_mask)")
+        scorer = self.neural if callable(self.neural) else self.neural.score
+        out = torch.as_tensor(scorer(*model_inputs)).detach()
+        if out.shape != (len(prompts),):
+            raise RewardError(f"neural reward '{self.neural_name}' returned shape {tuple(out.shape)} for {len(prompts)} rows, expected ({len(prompts)},)")
+        out = out.to("cpu", torch.float64)
+        bad = (~torch.isfinite(out)).nonzero()
+        if len(bad):
+            row = int(bad[0])
+            raise RewardError(f"neural reward '{self.neural_name}' returned {out[row].item()} for row {row} (prompt {_shorten(prompts[row])}); rewards must be finite")
+        return out
+
+    # The trainer moves reward models around (offloading): follow the neural term, if any.
+    def to(self, *args: Any, **kwargs: Any) -> CompositeReward:
+        if hasattr(self.neural, "to"):
+            self.neural.to(*args, **kwargs)
+        return self
+
+    def eval(self) -> CompositeReward:
+        if hasattr(self.neural, "eval"):
+            self.neural.eval()
+        return self
+
+
+# ---- built-ins for the embedded arithmetic task -----------------------------------------------
+_CANONICAL_INTEGER = re.compile(r"0|[1-9][0-9]*")
+
+
+@register_reward("arithmetic_exact")
+def arithmetic_exact(prompt: str, response: str, gt_answer: str | None) -> float:
+    """1.0 when the first integer of the response equals the ground truth, else 0.0."""
+    if gt_answer is None:
+        raise ValueError(f"arithmetic_exact needs a gt_answer for prompt {prompt!r}; add a 'gt_answer' field to the prompt data")
+    return 1.0 if is_correct(response, gt_answer) else 0.0
+
+
+@register_reward("arithmetic_format")
+def arithmetic_format(prompt: str, response: str, gt_answer: str | None) -> float:
+    """1.0 when the response is one canonical non-negative integer and nothing else, else 0.0."""
+    return 1.0 if _CANONICAL_INTEGER.fullmatch(response) else 0.0
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def _check_lengths(n: int, responses: Sequence[str], gt_answers: Sequence[str | None], row_fields: Mapping[str, Sequence[Any]]) -> None:
+    """The caller's lists line up (a bug in the caller otherwise, hence ValueError)."""
+    lengths = {"responses": len(responses), "gt_answers": len(gt_answers)} | {f"row field '{k}'": len(v) for k, v in row_fields.items()}
+    wrong = [f"{what}: {length}" for what, length in lengths.items() if length != n]
+    if wrong:
+        raise ValueError(f"reward scoring got {n} prompts but {', '.join(wrong)}")
+
+
+def _weight(value: float, name: str) -> float:
+    if isinstance(value, bool) or _as_float(value) is None or not math.isfinite(float(value)):
+        raise RewardError(f"the weight of reward '{name}' must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _default_name(spec: str | Callable[..., Any]) -> str:
+    """A term's name: its spec as configured, or the callable's name."""
+    return spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)
+
+
+def _unique(names: list[str]) -> list[str]:
+    """Names as given; a repeated one gets '#2', '#3' (terms are keyed by name)."""
+    seen: dict[str, int] = {}
+    out: list[str] = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return out
+
+
+def _as_float(value: Any) -> float | None:
+    """float(value) for numbers (bools, numpy scalars, one-element tensors), None otherwise."""
+    if value is None or isinstance(value, str | bytes):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _qualified(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _shorten(text: str, width: int = 60) -> str:
+    """repr of text, its middle cut out when long: prompts open with templates, end with the question."""
+    if len(text) <= width:
+        return repr(text)
+    half = (width - 5) // 2
+    return repr(text[:half] + " ... " + text[-half:])
+
+
+def _describe(value: Any) -> str:
+    """'str 'yes'', 'None', 'dict {...}': a returned value's type and a short repr."""
+    if value is None:
+        return "None"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
