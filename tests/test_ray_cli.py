@@ -51,6 +51,9 @@ def check_run(run_dir: Path, steps: int) -> dict:
     assert [r["step"] for r in train] == list(range(1, steps + 1))
     assert all(r["perf/weight_sync_gbps"] > 0 and "ray/staleness" in r for r in train)
     assert [r["step"] for r in rows if r["split"] == "eval"] == [0, steps]
+    # The starting policy's evaluation is written when it is computed, before any training row,
+    # so a run killed during training keeps it.
+    assert rows[0]["split"] == "eval" and rows[0]["step"] == 0 and "eval/accuracy" in rows[0]
     assert (run_dir / "checkpoints" / "final" / "actor" / "config.json").exists()
     return summary
 
