@@ -34,14 +34,11 @@ class MissingExtraError(OlingoError, ImportError):
     """A feature whose optional package is not installed."""
 
 
-# Optional package -> the pip extra of olingo that installs it (pyproject.toml).
-EXTRAS = {"peft": "peft", "ray": "ray", "wandb": "wandb"}
-
-
 def _missing(top: str, feature: str) -> MissingExtraError:
+    # Each optional package is installed by the olingo extra of its own name (pyproject.toml).
     return MissingExtraError(
         f"{feature} needs the optional package '{top}', which is not installed: "
-        f"pip install 'olingo[{EXTRAS.get(top, top)}]' (in a checkout: make extras)"
+        f"pip install 'olingo[{top}]' (in a checkout: make extras)"
     )
 
 

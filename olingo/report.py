@@ -302,10 +302,6 @@ def _split_off(members: list[Series], all_series: dict[str, Series]) -> tuple[li
     return [s for s in members if reasons[s.label] is None], [r for r in reasons.values() if r]
 
 
-def _left_out_note(reasons: list[str]) -> str:
-    return "not drawn (off): " + "; ".join(reasons) if reasons else ""
-
-
 # ---------------------------------------------------------------------------------------------
 # Figures
 
@@ -444,10 +440,7 @@ def _loss_figure(series: dict[str, Series], run_name: str, smooth: int | None) -
         ax.set_title(leaf, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{run_name}: losses (one axis each)")
-    note = _left_out_note(off)
-    fig.supxlabel(X_LABEL + (f"\n{note}" if note else ""), fontsize=9)
-    return fig
+    return _titled_grid(fig, f"{run_name}: losses (one axis each)", off)
 
 
 def _namespace_grid(
@@ -470,9 +463,14 @@ def _namespace_grid(
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{run_name}: {namespace}/")
-    note = _left_out_note(off)
-    fig.supxlabel(X_LABEL + (f"\n{note}" if note else ""), fontsize=9)
+    return _titled_grid(fig, f"{run_name}: {namespace}/", off)
+
+
+def _titled_grid(fig: Figure, title: str, off: list[str]) -> Figure:
+    """A grid's title, and under its panels the x label and the terms left out as off."""
+    fig.suptitle(title)
+    note = "\nnot drawn (off): " + "; ".join(off) if off else ""
+    fig.supxlabel(X_LABEL + note, fontsize=9)
     return fig
 
 

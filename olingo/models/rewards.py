@@ -170,11 +170,6 @@ class RewardFunction:
             values.append(self._number(value, i, p))
         return torch.tensor(values, dtype=torch.float64)
 
-    def score_one(self, prompt: str, response: str, gt_answer: str | None, row_fields: Mapping[str, Any] | None = None) -> float:
-        """One row's validated value, whatever the function's form (e.g. for accuracy checks)."""
-        fields = {k: [v] for k, v in (row_fields or {}).items()}
-        return float(self.values([prompt], [response], [gt_answer], fields)[0])
-
     def _batched_values(self, prompts: Sequence[str], responses: Sequence[str], gt_answers: Sequence[str | None], fields: dict[str, Sequence[Any]]) -> torch.Tensor:
         try:
             result = self.fn(list(prompts), list(responses), list(gt_answers), **{k: list(v) for k, v in fields.items()})

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from olingo.models.lora import has_lora, trainable_state
-from olingo.models.weights import load_named_tensors, sync_keys  # noqa: F401 - sync_keys: part of this module's API
+from olingo.models.weights import load_named_tensors
 
 
 def state_dict_for_sync(model: nn.Module) -> dict[str, torch.Tensor]:

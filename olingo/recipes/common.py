@@ -198,8 +198,9 @@ def resume_checkpoint(run: RunConfig, run_dir: Path) -> Path | None:
     if (path / "trainer_state.json").is_file():
         return path
     owner = path.parent.parent if path.parent.name == "checkpoints" else path
-    if (path / MANIFEST).is_file() and CheckpointManager(path).last() is not None:
-        return path / CheckpointManager(path).last().path
+    last = CheckpointManager(path).last() if (path / MANIFEST).is_file() else None
+    if last is not None:
+        return path / last.path
     what = "does not exist" if not path.exists() else "holds no complete checkpoint (no trainer_state.json)"
     listings = {_checkpoint_listing(d) for d in (owner, run_dir) if (d / MANIFEST).is_file() or d == run_dir and d.is_dir()}
     raise ResumeError(f"run.resume={run.resume}: {path} {what}; " + ("; ".join(sorted(listings)) or f"{run_dir} does not exist yet"))

@@ -101,9 +101,16 @@ def restore_callback_states(callbacks: Sequence[Callback], states: dict[str, Any
             cb.load_state_dict(states[key])
 
 
+def is_due(interval: int, since: int, step: int) -> bool:
+    """Whether a multiple of `interval` (0: never) lies in the optimizer steps (since, step]:
+    the one test for checkpoints, evaluations and evaluators, whether a loop moves one step at
+    a time or a whole episode at once."""
+    return bool(interval) and step // interval > since // interval
+
+
 def due_evaluators(evaluators: Sequence[Evaluator], since: int, step: int) -> list[Evaluator]:
     """Evaluators with a multiple of their `every` in the steps (since, step]."""
-    return [e for e in evaluators if e.every > 0 and step // e.every > since // e.every]
+    return [e for e in evaluators if is_due(e.every, since, step)]
 
 
 def check_stop_signal(state: LoopState, plugin: Any) -> bool:

@@ -78,11 +78,6 @@ def disarm() -> None:
     _armed = max(0, _armed - 1)
 
 
-def received() -> int | None:
-    """The stop signal recorded since `handle_stop_signals` began, or None."""
-    return _received
-
-
 def stop_requested(plugin=None) -> int | None:  # noqa: ANN001 - an olingo.booster Plugin
     """The stop signal if this process, or with a distributed `plugin` any rank, received one.
 

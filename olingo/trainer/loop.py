@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from olingo.trainer import interrupt
-from olingo.trainer._support import loop_artifacts, raise_if_interrupted
+from olingo.trainer._support import is_due, loop_artifacts, raise_if_interrupted
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
 
 T = TypeVar("T")
+__all__ = ["LoopRun", "is_due", "loop_scope", "optimizer_step_groups"]
 
 
 @dataclass
@@ -65,13 +66,6 @@ def loop_scope(
         run.artifacts = loop_artifacts(state, save_dir, saved_rows, t0, error)
         dispatch(callbacks, "on_train_end", state, run.artifacts)
     raise_if_interrupted(state, save_dir, saved_rows)
-
-
-def is_due(interval: int, since: int, step: int) -> bool:
-    """Whether a multiple of `interval` (0: never) lies in the optimizer steps (since, step]:
-    the one test for checkpoints and evaluations, whether a loop moves one step at a time or
-    a whole episode at once."""
-    return bool(interval) and step // interval > since // interval
 
 
 def optimizer_step_groups(items: Iterable[T], accumulation_steps: int, total: int, start: int = 0) -> Iterator[tuple[int, list[T]]]:

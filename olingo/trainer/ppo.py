@@ -168,11 +168,11 @@ class PPOTrainer(OLTrainer):
 
     @property
     def ptx_coef(self) -> float:
-        return self.learner.ptx_coef
+        return self.learner.policy.ptx_coef
 
     @ptx_coef.setter
     def ptx_coef(self, value: float) -> None:
-        self.learner.ptx_coef = value
+        self.learner.policy.ptx_coef = value
 
     # ---- fit ----------------------------------------------------------------------------------
     def fit(

@@ -170,14 +170,6 @@ class PPOLearner:
     def critic(self) -> torch.nn.Module | None:
         return self.critic_learner.model if self.critic_learner is not None else None
 
-    @property
-    def ptx_coef(self) -> float:
-        return self.policy.ptx_coef
-
-    @ptx_coef.setter
-    def ptx_coef(self, value: float) -> None:
-        self.policy.ptx_coef = value
-
     def _learners(self) -> list[_Trained]:
         return [self.policy] + ([self.critic_learner] if self.critic_learner is not None else [])
 
