@@ -150,3 +150,44 @@ def test_ppo_under_torchrun_equals_one_process(tmp_path, assets, plugin):
     run_ppo(load_config(PPOConfig, packaged_config("ppo_tiny.yaml"), [*ppo_args(tmp_path, assets, "resumed", 8), f"run.resume={step1}", f"plugin.name={plugin}"]))
     assert_weights_close(final_weights(tmp_path / "resumed", "actor", "critic"), want)
     assert_metrics_close(train_rows(tmp_path / "resumed"), train_rows(tmp_path / "single")[1:], PPO_METRICS)
+
+
+def grpo_args(tmp_path: Path, assets, name: str, per_process: int) -> list[str]:
+    """Greedy rollouts (every rank draws what one process draws), one optimizer step per episode;
+    REINFORCE++ whitens over the global batch and token_mean divides by the tokens of every
+    rank, so both cross-rank sums matter; the k3 KL term needs the reference; stop strings make
+    response lengths differ between rows and ranks."""
+    return [
+        f"run.output_dir={tmp_path}", f"run.name={name}", "logging.progress=false", f"model.actor={assets.model_dir}",
+        "loop.episodes=3", "loop.update_steps=1", f"loop.rollout_batch_size={per_process}", f"loop.train_batch_size={per_process * 2}",
+        "loop.save_interval=1", "generation.max_new_tokens=4", "generation.do_sample=false", "generation.stop_strings=['1','2','3','a','e','o']",
+        "actor_optim.lr=1e-4", "experience.num_generations=2", "experience.advantage=reinforce_pp", "experience.group_baseline=false",
+        "experience.kl_coef=0.1", "loss.aggregation=token_mean", "reward.functions={tests.test_grpo:varied_reward: 1.0}",
+        "data.eval_prompts=[builtin:prompts_eval]", "loop.eval_batch_size=16", "loop.accuracy_function=arithmetic_exact",
+    ]
+
+
+GRPO_METRICS = ["train/policy_loss", "train/kl_loss", "train/approx_kl", "rollout/reward_mean", "rollout/kl", "rollout/response_length"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plugin", ["fsdp", "ddp"])
+def test_grpo_under_torchrun_equals_one_process(tmp_path, assets, plugin):
+    """GRPO-family training on 2 ranks x 4 prompts == 1 process x 8 prompts (weights, metrics,
+    held-out evaluation); the 2-rank checkpoint then resumes in one process."""
+    from olingo.recipes.grpo import GRPOConfig, run_grpo
+
+    torchrun("grpo", *grpo_args(tmp_path, assets, "dist", 4), f"plugin.name={plugin}")
+    single = run_grpo(load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), grpo_args(tmp_path, assets, "single", 8)))
+    want = final_weights(tmp_path / "single", "actor")
+    assert_weights_close(final_weights(tmp_path / "dist", "actor"), want)
+    assert_metrics_close(train_rows(tmp_path / "dist"), train_rows(tmp_path / "single"), GRPO_METRICS)
+    assert train_rows(tmp_path / "single")[-1]["train/kl_loss"] > 0
+    evals = [r for r in read_jsonl(tmp_path / "dist" / "metrics.jsonl") if r["split"] == "eval"]
+    assert abs(evals[-1]["eval/reward"] - single["eval"]["eval/reward"]) < 1e-5
+    assert not (tmp_path / "dist" / "checkpoints" / "final" / "critic").exists()
+
+    step1 = tmp_path / "dist" / "checkpoints" / "step_1"
+    run_grpo(load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), [*grpo_args(tmp_path, assets, "resumed", 8), f"run.resume={step1}", f"plugin.name={plugin}"]))
+    assert_weights_close(final_weights(tmp_path / "resumed", "actor"), want)
+    assert_metrics_close(train_rows(tmp_path / "resumed"), train_rows(tmp_path / "single")[1:], GRPO_METRICS)

@@ -186,3 +186,32 @@ def test_lora_ppo_trains_only_adapters_of_actor_and_critic_and_resumes_exactly(t
     rows = lambda run: [{k: v for k, v in r.items() if not k.startswith(("time", "perf/"))} for r in read_jsonl(Path(run["run_dir"]) / "metrics.jsonl")]  # noqa: E731
     assert rows(resumed) == rows(straight)[2:]
     assert json.loads((final / "actor" / "lora" / "lora_config.json").read_text())["r"] == 4
+
+
+# ---- GRPO: the policy alone; the reference is the base weights, never trained ----------------------
+def grpo_config(tmp: Path, name: str, assets, *overrides: str):
+    from olingo.recipes.grpo import GRPOConfig
+
+    return load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), [
+        f"run.output_dir={tmp}", f"run.name={name}", "logging.progress=false", f"model.actor={assets.model_dir}",
+        "loop.episodes=3", "loop.rollout_batch_size=4", "loop.train_batch_size=8", "loop.update_steps=1", "loop.save_interval=2",
+        "experience.num_generations=4", "experience.kl_coef=0.1", "generation.max_new_tokens=4", "actor_optim.lr=1e-2",
+        "data.eval_prompts=[]", "loop.eval_interval=0", "reward.functions={tests.test_grpo:varied_reward: 1.0}", *LORA, *overrides])
+
+
+def test_lora_grpo_trains_only_adapters_and_resumes_exactly(tmp_path, assets):
+    from olingo.recipes.grpo import run_grpo
+
+    snap = Snapshot()
+    straight = run_grpo(grpo_config(tmp_path, "straight", assets), callbacks=[snap])
+    assert straight["steps"] == 6
+    assert_only_adapters_and_heads_changed(snap)
+    final = Path(straight["run_dir"]) / "checkpoints" / "final"
+    assert_export_is_merged(final / "actor", load_file(str(assets.model_dir / "model.safetensors")), scaling=8 / 4)
+    assert sorted(p.name for p in final.iterdir() if p.is_dir()) == ["actor"]
+    resumed = run_grpo(grpo_config(tmp_path, "resumed", assets, f"run.resume={Path(straight['run_dir']) / 'checkpoints' / 'step_2'}"))
+    a = load_file(str(final / "actor" / "lora" / "trainable.safetensors"))
+    b = load_file(str(Path(resumed["run_dir"]) / "checkpoints" / "final" / "actor" / "lora" / "trainable.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows = lambda run: [{k: v for k, v in r.items() if not k.startswith(("time", "perf/"))} for r in read_jsonl(Path(run["run_dir"]) / "metrics.jsonl")]  # noqa: E731
+    assert rows(resumed) == rows(straight)[2:]

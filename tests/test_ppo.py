@@ -456,6 +456,7 @@ def test_shortened_demo_raises_the_mean_reward(tmp_path):
         sft_overrides=["train.epochs=30", "logging.progress=false"],
         rm_overrides=["train.epochs=2", "logging.progress=false"],
         ppo_overrides=["loop.episodes=60", "loop.eval_interval=0", "loop.save_interval=0", "logging.progress=false"],
+        grpo_overrides=["loop.episodes=20", "loop.eval_interval=0", "loop.save_interval=0", "logging.progress=false"],
         print_table=False,
     )
     rows = [r for r in read_jsonl(tmp_path / "demo-ppo" / "metrics.jsonl") if r["split"] == "train"]
@@ -464,6 +465,8 @@ def test_shortened_demo_raises_the_mean_reward(tmp_path):
     assert mean(last) > mean(first) + 0.1, (mean(first), mean(last))
     assert result.after["reward"] > result.before["reward"]
     assert (tmp_path / "demo-ppo" / "plots" / "reward.png").exists()
+    assert set(result.grpo) >= {"accuracy", "kl", "response_length"} and 0 <= result.grpo_greedy <= 1
+    assert result.run_dirs["grpo"].endswith("demo-grpo")
 
 
 def test_resumable_sampler_is_used_for_prompts(assets, tok):

@@ -67,3 +67,23 @@ def test_readme_ppo_example_runs(tmp_path, assets, monkeypatch):
     assert (tmp_path / "ppo" / "checkpoints" / "final" / "actor" / "model.safetensors").exists()
     # 2 episodes x one optimizer step: 2 collect steps x 16 prompts = 2 minibatches of 16 = 1 accumulation group
     assert namespace["trainer"].state.step == 2
+
+
+@pytest.mark.slow
+def test_readme_grpo_example_runs(tmp_path, assets, monkeypatch):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    example = next(b for b in blocks if "GRPOTrainer(" in b)
+    example = (
+        example.replace("path/to/sft", str(assets.model_dir))
+        .replace("prompts.jsonl", str(assets.prompts_eval))
+        .replace("./runs/grpo", str(tmp_path / "grpo"))
+        .replace("max_new_tokens=64", "max_new_tokens=4")
+        .replace("num_episodes=10", "num_episodes=2")
+    )
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    assert (tmp_path / "grpo" / "checkpoints" / "final" / "actor" / "model.safetensors").exists()
+    assert not (tmp_path / "grpo" / "checkpoints" / "final" / "critic").exists()
+    # 2 episodes x 8 prompts x 8 responses = 64 rollouts per episode, minibatches of 32: 2 steps each
+    assert namespace["trainer"].state.step == 4

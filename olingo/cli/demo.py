@@ -1,11 +1,12 @@
-"""`olingo demo`: SFT -> reward model -> PPO on the embedded arithmetic task.
+"""`olingo demo`: SFT -> reward model -> PPO, and SFT -> GRPO, on the embedded arithmetic task.
 
-Each stage is an ordinary run of its packaged config (sft_tiny, rm_tiny, ppo_tiny) under one
-output directory. The reward model starts from the SFT model (InstructGPT's recipe); PPO starts
-its actor and reference from the SFT model and its critic from the reward model, and is rewarded
-by the reward model alone: the arithmetic checker is only used to *measure* accuracy.
-The before/after table compares the SFT model and the PPO actor on held-out prompts, sampling
-at the rollout temperature with the same random draws for both (paired comparison).
+Each stage is an ordinary run of its packaged config (sft_tiny, rm_tiny, ppo_tiny, grpo_tiny)
+under one output directory. The reward model starts from the SFT model (InstructGPT's recipe);
+PPO starts its actor and reference from the SFT model and its critic from the reward model, and
+is rewarded by the reward model alone: there the arithmetic checker only *measures* accuracy.
+GRPO starts from the same SFT model and is rewarded by the checker alone (verifiable reward).
+The before/after table compares the SFT model, the PPO actor and the GRPO actor on held-out
+prompts, sampling at the rollout temperature with the same random draws for all (paired).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from olingo.experience_maker import GenerationSettings, NaiveExperienceMaker
 from olingo.models import RewardModel, load_causal_lm, load_tokenizer
 from olingo.models.rlvr import arithmetic_exact
 from olingo.recipes.common import packaged_config, resolve_path
+from olingo.recipes.grpo import GRPOConfig, run_grpo
 from olingo.recipes.ppo import PPOConfig, generate_kwargs, run_ppo
 from olingo.recipes.rm import RMConfig, run_rm
 from olingo.recipes.sft import SFTConfig, run_sft
@@ -38,6 +40,8 @@ class DemoResult:
     before: dict[str, float]  # SFT model on held-out prompts at the rollout temperature
     after: dict[str, float]  # PPO actor, same prompts, same random draws
     ppo_greedy: float
+    grpo: dict[str, float]  # GRPO actor, same prompts, same random draws
+    grpo_greedy: float
     temperature: float
     plots: list[str]
 
@@ -48,9 +52,10 @@ def run_demo(
     sft_overrides: Sequence[str] = (),
     rm_overrides: Sequence[str] = (),
     ppo_overrides: Sequence[str] = (),
+    grpo_overrides: Sequence[str] = (),
     print_table: bool = True,
 ) -> DemoResult:
-    """Run the three stages, evaluate before/after, write plots; overrides shorten it for tests."""
+    """Run the four stages, evaluate before/after, write plots; overrides shorten it for tests."""
     from olingo.report import write_report
 
     common = [f"run.output_dir={output_dir}", "run.overwrite=true"]
@@ -62,17 +67,22 @@ def run_demo(
         f"reward.model={rm_model}", "reward.functions={}", *ppo_overrides,
     ])
     ppo = run_ppo(ppo_cfg)
+    grpo = run_grpo(load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), [
+        *common, "run.name=demo-grpo", f"model.actor={sft['final_model']}", *grpo_overrides,
+    ]))
 
-    before, after = compare_policies(sft["final_model"], ppo["final_model"], rm_model, ppo_cfg)
-    plots = [str(p) for run in (sft, rm, ppo) for p in write_report(run["run_dir"])]
+    before, after, grpo_after = compare_policies(sft["final_model"], [ppo["final_model"], grpo["final_model"]], rm_model, ppo_cfg)
+    plots = [str(p) for run in (sft, rm, ppo, grpo) for p in write_report(run["run_dir"])]
     result = DemoResult(
-        run_dirs={"sft": sft["run_dir"], "rm": rm["run_dir"], "ppo": ppo["run_dir"]},
+        run_dirs={"sft": sft["run_dir"], "rm": rm["run_dir"], "ppo": ppo["run_dir"], "grpo": grpo["run_dir"]},
         base_greedy=greedy_accuracy(resolve_path("builtin:tiny-llama")),
         sft_greedy=greedy_accuracy(sft["final_model"]),
         rm_pair_accuracy=rm["eval"]["eval/acc"],
         before=before,
         after=after,
         ppo_greedy=greedy_accuracy(ppo["final_model"]),
+        grpo=grpo_after,
+        grpo_greedy=greedy_accuracy(grpo["final_model"]),
         temperature=ppo_cfg.generation.temperature,
         plots=plots,
     )
@@ -81,9 +91,10 @@ def run_demo(
     return result
 
 
-def compare_policies(sft_model: str, ppo_model: str, reward_model: str, cfg: PPOConfig, samples_per_prompt: int = 8) -> tuple[dict[str, float], dict[str, float]]:
-    """Held-out metrics of the SFT model and of the PPO actor, with identical sampling noise;
-    `samples_per_prompt` responses per prompt keep the sampling error of the accuracy small."""
+def compare_policies(sft_model: str, trained: Sequence[str], reward_model: str, cfg: PPOConfig, samples_per_prompt: int = 8) -> list[dict[str, float]]:
+    """Held-out metrics of the SFT model and of each trained actor, with identical sampling
+    noise (KL to the SFT model, reward-model score, checked accuracy); `samples_per_prompt`
+    responses per prompt keep the sampling error of the accuracy small."""
     tokenizer = load_tokenizer(sft_model, padding_side="left")
     reference = load_causal_lm(sft_model).eval()
     reward = RewardModel.from_pretrained(reward_model, pad_token_id=tokenizer.pad_token_id).eval()
@@ -92,12 +103,12 @@ def compare_policies(sft_model: str, ppo_model: str, reward_model: str, cfg: PPO
     loader = DataLoader(prompts, batch_size=256, shuffle=False, collate_fn=PromptCollator(tokenizer.pad_token_id))
     settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation))
     results = []
-    for actor_dir in (sft_model, ppo_model):
+    for actor_dir in (sft_model, *trained):
         actor = reference if actor_dir == sft_model else load_causal_lm(actor_dir).eval()
         maker = NaiveExperienceMaker(actor, None, reward, reference, tokenizer, generation=settings)
         metrics, _ = evaluate_policy(maker, loader, settings, accuracy_fn=arithmetic_exact, seed=cfg.run.seed)
         results.append(metrics)
-    return results[0], results[1]
+    return results
 
 
 def print_demo_table(r: DemoResult) -> None:
@@ -106,8 +117,9 @@ def print_demo_table(r: DemoResult) -> None:
     print(f"{'base model':<14}{'greedy answer accuracy':<48}{r.base_greedy:>8.3f}")
     print(f"{'SFT':<14}{'greedy answer accuracy':<48}{r.sft_greedy:>8.3f}")
     print(f"{'reward model':<14}{'pairwise accuracy (correct > wrong answer)':<48}{r.rm_pair_accuracy:>8.3f}")
-    print(f"\nPPO before/after: held-out prompts x 8 samples each, sampling at the rollout temperature {r.temperature:g}:")
-    print(f"{'metric':<48}{'SFT':>9}{'PPO':>9}")
+    print(f"\nBefore/after: held-out prompts x 8 samples each, sampling at the rollout temperature {r.temperature:g}")
+    print("(PPO rewarded by the reward model, GRPO by the answer checker; both start from the SFT model):")
+    print(f"{'metric':<48}{'SFT':>9}{'PPO':>9}{'GRPO':>9}")
     rows = [
         ("answer accuracy (checked by program)", "accuracy"),
         ("mean reward (reward-model score)", "reward"),
@@ -115,7 +127,7 @@ def print_demo_table(r: DemoResult) -> None:
         ("response length (tokens)", "response_length"),
     ]
     for label, key in rows:
-        print(f"{label:<48}{r.before[key]:>9.3f}{r.after[key]:>9.3f}")
-    print(f"{'greedy answer accuracy':<48}{r.sft_greedy:>9.3f}{r.ppo_greedy:>9.3f}")
+        print(f"{label:<48}{r.before[key]:>9.3f}{r.after[key]:>9.3f}{r.grpo[key]:>9.3f}")
+    print(f"{'greedy answer accuracy':<48}{r.sft_greedy:>9.3f}{r.ppo_greedy:>9.3f}{r.grpo_greedy:>9.3f}")
     print(f"\nrun directories: {', '.join(r.run_dirs.values())}")
     print(f"plots: {Path(r.plots[0]).parent if r.plots else '-'} (and plots/ of each run; `olingo report RUN_DIR` redraws them)")

@@ -52,12 +52,14 @@ CONFIG_CLASSES = {
     "sft": ("olingo.recipes.sft", "SFTConfig"),
     "rm": ("olingo.recipes.rm", "RMConfig"),
     "ppo": ("olingo.recipes.ppo", "PPOConfig"),
+    "grpo": ("olingo.recipes.grpo", "GRPOConfig"),
     "experiment": ("olingo.experiment.config", "ExperimentConfig"),
 }
 STAGE_SUMMARIES = {
     "sft": "supervised fine-tuning of a causal LM on assistant tokens",
     "rm": "train a reward model on preference pairs",
     "ppo": "PPO from an SFT model against a reward model or reward functions",
+    "grpo": "critic-free RL (GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++) against reward functions or a reward model",
 }
 HELP_EXAMPLES: dict[str, tuple[HelpExample, ...]] = {
     "sft": (HelpExample("olingo sft --config my.yaml", "sft", ("train.lr=1e-4", "run.name=try2", "data.train=[a.jsonl,b.jsonl]")),),
@@ -65,6 +67,17 @@ HELP_EXAMPLES: dict[str, tuple[HelpExample, ...]] = {
     "ppo": (HelpExample(
         "olingo ppo", "ppo", ("model.actor=runs/sft-tiny/checkpoints/final/model", "actor_optim.lr=1e-6", "loop.episodes=20", "data.prompts=[p.jsonl]"),
     ),),
+    "grpo": (
+        HelpExample(
+            "olingo grpo", "grpo", ("model.actor=runs/sft-tiny/checkpoints/final/model", "experience.num_generations=8", "reward.functions={math_answer: 1.0}", "data.prompts=[p.jsonl]"),
+        ),
+        HelpExample(  # DAPO as published: clip-higher, token mean, dynamic sampling, overlong punishment, no KL
+            "olingo grpo --config my.yaml", "grpo", ("loss.eps_high=0.28", "loss.aggregation=token_mean", "experience.dynamic_sampling=true", "experience.overlong_buffer=16", "experience.kl_coef=0"),
+        ),
+        HelpExample(  # Dr. GRPO
+            "olingo grpo --config my.yaml", "grpo", ("experience.advantage=dr_grpo", "loss.aggregation=seq_mean_token_sum_norm"),
+        ),
+    ),
     "experiment run": (HelpExample(
         "olingo experiment run olingo/configs/experiment_sft_lr.yaml", "experiment", ("n_repeats=3", "matrix.base.train.epochs=5", "overwrite=true"),
     ),),
@@ -156,19 +169,19 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str, default_config: st
 def build_parser() -> argparse.ArgumentParser:
     """The `olingo` command line. Subcommands load their configs lazily (see `LazyParser`)."""
     parser = argparse.ArgumentParser(
-        prog="olingo", description="RLHF post-training: SFT, reward models and PPO, from a laptop CPU to a GPU cluster.",
+        prog="olingo", description="RLHF post-training: SFT, reward models, PPO and the GRPO family, from a laptop CPU to a GPU cluster.",
         epilog="`olingo <command> --help` lists a command's config fields with their defaults.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=LazyParser)
-    for name, handler in (("sft", _cmd_sft), ("rm", _cmd_rm), ("ppo", _cmd_ppo)):
+    for name, handler in (("sft", _cmd_sft), ("rm", _cmd_rm), ("ppo", _cmd_ppo), ("grpo", _cmd_grpo)):
         _stage_parser(sub, name, f"{name}_tiny.yaml").set_defaults(handler=handler)
     demo = sub.add_parser(
         "demo",
-        help="SFT -> reward model -> PPO on the embedded arithmetic task; before/after table and plots",
+        help="SFT -> reward model -> PPO, and SFT -> GRPO, on the embedded arithmetic task; before/after table and plots",
         description="Runs olingo/configs/sft_tiny.yaml, then rm_tiny.yaml from the SFT model, then ppo_tiny.yaml "
-        "with the SFT model as actor and the reward model as reward and critic start; each stage is a normal run "
-        "directory under --output-dir. Prints held-out results before and after PPO and writes PNG plots "
-        "(<run>/plots/).",
+        "with the SFT model as actor and the reward model as reward and critic start, then grpo_tiny.yaml from the SFT "
+        "model rewarded by the answer checker; each stage is a normal run directory under --output-dir. Prints held-out "
+        "results of the SFT, PPO and GRPO models and writes PNG plots (<run>/plots/).",
     )
     demo.add_argument("--output-dir", default="runs", help="parent of the run directories (default: runs)")
     demo.set_defaults(handler=_cmd_demo)
@@ -196,7 +209,7 @@ def _experiment_parts() -> LazyParts:
     epilog = (
         f"Override any field with dotted KEY=VALUE arguments (values parse as YAML), e.g.\n{_examples('experiment run')}\n"
         "Unknown keys are errors. The experiment's fields (section.key  type  = default  meaning); each arm is an\n"
-        "olingo stage config (stage: sft|rm|ppo plus that stage's fields, see `olingo sft --help` and docs/experiments.md):\n"
+        "olingo stage config (stage: sft|rm|ppo|grpo plus that stage's fields, see `olingo sft --help` and docs/experiments.md):\n"
         + config_help(config_class("experiment"), notes=notes)
     )
     return LazyParts(epilog)
@@ -293,7 +306,16 @@ def _cmd_rm(args: argparse.Namespace) -> int:
 def _cmd_ppo(args: argparse.Namespace) -> int:
     from olingo.recipes.ppo import run_ppo
 
-    result = run_ppo(_load(args))
+    return _print_rl_result(run_ppo(_load(args)))
+
+
+def _cmd_grpo(args: argparse.Namespace) -> int:
+    from olingo.recipes.grpo import run_grpo
+
+    return _print_rl_result(run_grpo(_load(args)))
+
+
+def _print_rl_result(result: dict[str, Any]) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"run directory: {result['run_dir']}")
         print(f"final actor:   {result['final_model']}")
@@ -350,7 +372,7 @@ def _resume_hint(args: argparse.Namespace, stop: TrainingInterrupted) -> str:
     if stop.checkpoint is None:
         return ""
     run_dir = stop.checkpoint.parent.parent
-    if args.command in ("sft", "rm", "ppo"):
+    if args.command in ("sft", "rm", "ppo", "grpo"):
         return f"; resume with: olingo {args.command} --config {run_dir / 'config.yaml'} run.resume=last"
     return f"; its run directory is {run_dir} (config.yaml there; continue it with run.resume=last)"
 

@@ -11,6 +11,7 @@ from olingo.engines.settings import (
     GenerationSettings,
     Rollout,
     action_mask_from_responses,
+    concat_rollouts,
     rollout_from_responses,
 )
 
@@ -20,6 +21,7 @@ __all__ = [
     "Rollout",
     "RolloutEngine",
     "action_mask_from_responses",
+    "concat_rollouts",
     "generate_rollout",
     "repeat_prompts",
     "rollout_from_responses",

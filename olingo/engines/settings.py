@@ -105,6 +105,42 @@ class Rollout:
         return self.action_mask.shape[1]
 
 
+
+def concat_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
+    """Rollouts of prompts padded to the same width P, one after the other: (sum B, P + max A).
+
+    Engines are called on bounded chunks of a batch (`inference_batch_size`); each chunk's
+    responses are as wide as its own longest, so shorter ones are right-padded here (pad id in
+    `sequences`, 0/False in the masks, 0 in `log_probs`), which keeps the layout of §4.1.
+    """
+    if not rollouts:
+        raise ValueError("concat_rollouts needs at least one rollout")
+    if len(rollouts) == 1:
+        return rollouts[0]
+    prompt_width = rollouts[0].num_prompt_tokens
+    if any(r.num_prompt_tokens != prompt_width for r in rollouts):
+        raise ValueError("concat_rollouts: rollouts of prompts padded to different widths")
+    width = max(r.num_actions for r in rollouts)
+
+    def widen(x: torch.Tensor, extra: int, value: Any) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, extra), value=value) if extra else x
+
+    parts: dict[str, list[torch.Tensor]] = {"sequences": [], "attention_mask": [], "action_mask": [], "log_probs": []}
+    for r in rollouts:
+        extra = width - r.num_actions
+        parts["sequences"].append(widen(r.sequences, extra, pad_token_id))
+        parts["attention_mask"].append(widen(r.attention_mask, extra, 0))
+        parts["action_mask"].append(widen(r.action_mask, extra, False))
+        if r.log_probs is not None:
+            parts["log_probs"].append(widen(r.log_probs, extra, 0.0))
+    has_log_probs = all(r.log_probs is not None for r in rollouts)
+    return Rollout(
+        sequences=torch.cat(parts["sequences"]), attention_mask=torch.cat(parts["attention_mask"]),
+        action_mask=torch.cat(parts["action_mask"]), truncated=torch.cat([r.truncated for r in rollouts]),
+        num_prompt_tokens=prompt_width, log_probs=torch.cat(parts["log_probs"]) if has_log_probs else None,
+        finish_reasons=[reason for r in rollouts for reason in r.finish_reasons],
+    )
+
 def resolve_stop_token_ids(settings: GenerationSettings, tokenizer: Any) -> list[int]:
     """The stop ids: `settings.stop_token_ids`, or the tokenizer's eos id."""
     if settings.stop_token_ids is not None:

@@ -5,7 +5,10 @@ Layout (DESIGN.md §4.1): `sequences = [left-padded prompt | response, right-pad
 covers the response up to and including the stop token and nothing after. `values[:, j]` is the
 critic's value of the state *before* response token j (the prefix it was sampled from), and
 `action_log_probs[:, j]` the log-probability of token j under the rollout policy. Without a
-critic, `values` and `returns` are None and no per-token tensor of theirs exists anywhere.
+critic, `values` and `returns` are None and no per-token tensor of theirs exists anywhere; the
+same holds for `base_action_log_probs` and `kl` without a reference model (GRPO with
+kl_coef 0), and for `action_log_probs` when the learner needs no pi_old (one update per batch:
+the ratio is then 1 and its gradient is that of log pi).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import torch
 
 from olingo.models.functional import masked_sum
 
-# Fields with one (A,) row per sequence; `values` and `returns` exist only with a critic.
+# Fields with one (A,) row per sequence; `values` and `returns` exist only with a critic,
+# `base_action_log_probs` and `kl` only with a reference model.
 PER_TOKEN = ("action_log_probs", "base_action_log_probs", "values", "kl", "rewards", "advantages", "returns")
 CRITIC_FIELDS = ("values", "returns")
 
@@ -30,10 +34,14 @@ class Experience:
         sequences: (B, P+A) long. Prompt tokens (left-padded) then response tokens (pad after the end).
         attention_mask: (B, P+A) long. 1 on real prompt tokens and on `action_mask` positions.
         action_mask: (B, A) bool. Response tokens up to and including the stop token.
-        action_log_probs: (B, A) float. log pi_old(token j): the policy that generated the batch.
-        base_action_log_probs: (B, A) float. log pi_ref(token j): the frozen initial model.
-        kl: (B, A) float. Per-token KL estimate between the policy and the reference.
-        rewards: (B, A) float. Per-token reward: -kl_coef * kl, plus the score at the last token.
+        action_log_probs: (B, A) float or None. log pi_old(token j): the policy that generated
+            the batch; None when no learner step needs it (the ratio is then exactly 1).
+        base_action_log_probs: (B, A) float or None. log pi_ref(token j): the frozen initial
+            model; None without a reference model.
+        kl: (B, A) float or None. Per-token KL estimate between the policy and the reference;
+            None without a reference model.
+        rewards: (B, A) float. Per-token reward: -kl_coef * kl (when in the reward), plus the
+            score at the last token.
         advantages: (B, A) float. From the advantage estimator (GAE: whitened when asked).
         score: (B,) float. Sequence reward after normalisation/clipping/penalties, as trained on.
         raw_score: (B,) float. The reward model's (or reward functions') output before any of that.
@@ -49,9 +57,9 @@ class Experience:
     sequences: torch.Tensor
     attention_mask: torch.Tensor
     action_mask: torch.Tensor
-    action_log_probs: torch.Tensor
-    base_action_log_probs: torch.Tensor
-    kl: torch.Tensor
+    action_log_probs: torch.Tensor | None
+    base_action_log_probs: torch.Tensor | None
+    kl: torch.Tensor | None
     rewards: torch.Tensor
     advantages: torch.Tensor
     score: torch.Tensor
@@ -152,7 +160,7 @@ def make_experience_batch(items: list[BufferItem], pad_token_id: int = 0) -> Exp
     action_mask = torch.zeros((batch, num_actions), dtype=torch.bool)
     names = list(items[0].per_token)
     if any(list(item.per_token) != names for item in items):
-        raise ValueError("make_experience_batch: items with and without critic values cannot share a batch")
+        raise ValueError("make_experience_batch: items with different per-token fields (with and without critic values, reference or old log-probs) cannot share a batch")
     per_token = {name: torch.zeros((batch, num_actions), dtype=items[0].per_token[name].dtype) for name in names}
     for i, item in enumerate(items):
         p, a = item.prompt.numel(), item.response.numel()
@@ -170,7 +178,7 @@ def make_experience_batch(items: list[BufferItem], pad_token_id: int = 0) -> Exp
         raw_score=torch.stack([item.raw_score for item in items]),
         truncated=torch.stack([item.truncated for item in items]),
         policy_version=min(item.policy_version for item in items),
-        **per_token,
+        **{name: per_token.get(name) for name in PER_TOKEN},
     )
 
 
@@ -178,12 +186,13 @@ def experience_info(experience: Experience) -> dict[str, Any]:
     """Scalar rollout diagnostics of one batch (the `rollout/...` metrics)."""
     mask = experience.action_mask
     lengths = mask.float().sum(dim=-1)
-    per_seq_kl = masked_sum(experience.kl, mask, dim=-1)
-    return {
+    info = {
         "reward_mean": float(experience.raw_score.float().mean()),
         "reward_std": float(experience.raw_score.float().std(unbiased=False)),
         "score_mean": float(experience.score.float().mean()),
-        "kl": float(per_seq_kl.mean()),
         "response_length": float(lengths.mean()),
         "truncated": float(experience.truncated.float().mean()),
     }
+    if experience.kl is not None:  # without a reference model there is no KL to report
+        info["kl"] = float(masked_sum(experience.kl, mask, dim=-1).mean())
+    return info

@@ -74,13 +74,14 @@ def action_values(critic: nn.Module, sequences: torch.Tensor, attention_mask: to
 class ScoredRollout:
     """A rollout with the quantities both training and evaluation need.
 
-    log_probs, ref_log_probs: (B, A); raw_score: (B,) (reward before any normalisation);
+    log_probs, ref_log_probs: (B, A), or None where not computed (GRPO without a reference or
+    without a need for pi_old); raw_score: (B,) (reward before any normalisation);
     prompts/responses: decoded text (responses without special tokens); gt_answers: B entries.
     """
 
     rollout: Rollout
-    log_probs: torch.Tensor
-    ref_log_probs: torch.Tensor
+    log_probs: torch.Tensor | None
+    ref_log_probs: torch.Tensor | None
     raw_score: torch.Tensor
     prompts: list[str]
     responses: list[str]
@@ -96,6 +97,30 @@ class ScoredRollout:
             for p, r, g, s, t in zip(self.prompts, self.responses, self.gt_answers, self.raw_score.tolist(), self.rollout.truncated.tolist(), strict=True)
         ]
 
+
+
+def score_rollout(
+    reward: nn.Module | CompositeReward, tokenizer: Any, input_ids: torch.Tensor, rollout: Rollout,
+    gt_answers: list[str | None] | None, row_fields: dict[str, list[Any]] | None,
+    log_probs: torch.Tensor | None = None, ref_log_probs: torch.Tensor | None = None,
+) -> ScoredRollout:
+    """Decode the prompts (B, P) and responses of `rollout` and score them: reward functions
+    (and a neural term) on text, or a reward model at the last attended token, which is the
+    stop token, exactly where reward-model training reads. Scores land on the rollout's device."""
+    seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
+    device = seq.device
+    prompts = tokenizer.batch_decode(input_ids, skip_special_tokens=True)
+    responses = [tokenizer.decode(seq[i, -num_actions:][rollout.action_mask[i]], skip_special_tokens=True) for i in range(seq.shape[0])]
+    gt_answers = list(gt_answers) if gt_answers is not None else [None] * seq.shape[0]
+    terms: dict[str, torch.Tensor] = {}
+    if isinstance(reward, CompositeReward):
+        neural = reward.neural
+        inputs = _on(neural, seq, mask) if isinstance(neural, nn.Module) else (seq, mask)
+        scores = reward.score(prompts, responses, gt_answers, row_fields, model_inputs=inputs)
+        raw_score, terms = scores.total.to(device), scores.terms
+    else:
+        raw_score = reward(*_on(reward, seq, mask)).float().to(device)
+    return ScoredRollout(rollout, log_probs, ref_log_probs, raw_score, prompts, responses, gt_answers, terms)
 
 class NaiveExperienceMaker:
     """Makes `Experience` from prompt batches with an actor, critic, reward and reference model.
@@ -169,21 +194,7 @@ class NaiveExperienceMaker:
             ref_log_probs = log_probs  # KL is exactly 0 and -0 * KL adds nothing to any reward
         else:
             ref_log_probs = action_log_probs(self.initial_model, *_on(self.initial_model, seq, mask), num_actions, temperature).to(device)
-        prompts = self.tokenizer.batch_decode(input_ids, skip_special_tokens=True)
-        responses = [
-            self.tokenizer.decode(seq[i, -num_actions:][rollout.action_mask[i]], skip_special_tokens=True)
-            for i in range(seq.shape[0])
-        ]
-        gt_answers = list(gt_answers) if gt_answers is not None else [None] * seq.shape[0]
-        terms: dict[str, torch.Tensor] = {}
-        if isinstance(self.reward_model, CompositeReward):
-            neural = self.reward_model.neural
-            inputs = _on(neural, seq, mask) if isinstance(neural, nn.Module) else (seq, mask)
-            scores = self.reward_model.score(prompts, responses, gt_answers, row_fields, model_inputs=inputs)
-            raw_score, terms = scores.total.to(device), scores.terms
-        else:  # scored at the last attended token: the stop token, exactly where RM training reads
-            raw_score = self.reward_model(*_on(self.reward_model, seq, mask)).float().to(device)
-        return ScoredRollout(rollout, log_probs, ref_log_probs, raw_score, prompts, responses, gt_answers, terms)
+        return score_rollout(self.reward_model, self.tokenizer, input_ids, rollout, gt_answers, row_fields, log_probs, ref_log_probs)
 
     @torch.no_grad()
     def make_experience(

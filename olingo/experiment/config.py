@@ -1,7 +1,7 @@
 """The experiment config and its expansion into runs.
 
 An experiment file names its arms in exactly one of three ways, each arm being an olingo stage
-config (`stage: sft|rm|ppo` plus that stage's fields, optionally on top of a `config:` file):
+config (`stage: sft|rm|ppo|grpo` plus that stage's fields, optionally on top of a `config:` file):
 
     run:    {stage: sft, train: {lr: 1e-3}}                 one arm, named after the experiment
     runs:   {small_lr: {stage: sft, ...}, big_lr: {...}}    arms by name
@@ -10,7 +10,11 @@ config (`stage: sft|rm|ppo` plus that stage's fields, optionally on top of a `co
 `plan_runs` turns it into the ordered list of training runs: every arm x every seed
 (`base_seed + i`, i < n_repeats; replicates named `<arm>__s<seed>` when n_repeats > 1) x every
 continual stage (`<replicate>__<stage>`, each starting from the previous run's final weights).
-Every run's stage config is validated before anything trains.
+A continual stage may name another stage kind, so an arm can be a chain such as SFT -> GRPO:
+
+    continual: [{name: rl, stage: grpo, config: packaged:grpo_tiny.yaml, overrides: {loop.episodes: 20}}]
+
+Every run's stage config, and every link of every chain, is validated before anything trains.
 """
 
 from __future__ import annotations
@@ -72,10 +76,18 @@ class MatrixSpec(StrictModel):
 
 
 class ContinualStage(StrictModel):
-    """A stage that continues from the previous stage's final weights with a fresh optimizer."""
+    """A stage that continues from the previous stage's final weights with a fresh optimizer.
+
+    Without `stage` and `config` it repeats the kind of the stage before it, on that stage's
+    config (without that stage's overrides): `{name: more, overrides: {...}}` after an arm is the
+    arm's config plus the overrides. A `stage` of another kind, or a `config` file, starts a new
+    base config: the file (or the kind's defaults) plus the overrides.
+    """
 
     name: str = Field(..., description="stage name; its runs are named <replicate>__<name>")
-    overrides: dict = Field(default_factory=dict, description="changes to the arm's stage config (nested or dotted keys)")
+    stage: str | None = Field(None, description="stage kind (sft|rm|ppo|grpo; default: the kind of the stage before it)")
+    config: str | None = Field(None, description="base config file of this stage (packaged:<name> or a path relative to the experiment file)")
+    overrides: dict = Field(default_factory=dict, description="changes to the stage's base config (nested or dotted keys)")
 
 
 class ExperimentConfig(StrictModel):
@@ -89,10 +101,10 @@ class ExperimentConfig(StrictModel):
     success_mode: Literal["max", "min"] = Field("max", description="whether a higher or lower success_metric is better")
     n_repeats: int = Field(1, ge=1, description="seeds per arm")
     base_seed: int | None = Field(None, ge=0, description="first seed; replicate i uses base_seed + i (default: the arm's run.seed)")
-    run: dict | None = Field(None, description="a single arm: {stage: sft|rm|ppo, config?: file, ...stage fields}")
+    run: dict | None = Field(None, description="a single arm: {stage: sft|rm|ppo|grpo, config?: file, ...stage fields}")
     runs: dict[str, dict] | None = Field(None, description="arms by name: {name: {stage: ..., ...}}")
     matrix: MatrixSpec | None = Field(None, description="arms as a Cartesian product over dotted paths")
-    continual: list[ContinualStage] = Field(default_factory=list, description="stages after each arm, each from the previous final weights")
+    continual: list[ContinualStage] = Field(default_factory=list, description="stages after each arm, [{name, stage?, config?, overrides}], each from the previous final weights; stage may be another kind (SFT -> GRPO)")
     benchmarks: list[BenchmarkSpec] = Field(default_factory=list, description="benchmarks scored on every run")
     callbacks: list[CallbackSpec] = Field(
         default_factory=lambda: [CallbackSpec(kind="local_logger"), CallbackSpec(kind="print_progress")],
@@ -212,33 +224,43 @@ class Stage:
     """How the runner drives one olingo stage."""
 
     config_model: type[StrictModel]
-    run: Callable[..., dict]  # run_sft / run_rm / run_ppo
+    run: Callable[..., dict]  # run_sft / run_rm / run_ppo / run_grpo
     model_path: str  # dotted field that a continual stage points at the previous final weights
-    generates: bool  # the trained model writes answers (benchmarks that decode need this)
+    # The trained model is a policy (a causal LM that writes answers): benchmarks that decode
+    # need one, and so does a policy stage continuing from it.
+    generates: bool
+    check: Callable[[Any], None] | None = None  # the recipe's cross-section checks, run at plan time
 
 
 def stages() -> dict[str, Stage]:
     """The stages an arm may name (imported lazily: they pull in torch and transformers)."""
-    from olingo.recipes.ppo import PPOConfig, run_ppo
+    from olingo.recipes.grpo import GRPOConfig, check_grpo_config, run_grpo
+    from olingo.recipes.ppo import PPOConfig, check_ppo_config, run_ppo
     from olingo.recipes.rm import RMConfig, run_rm
     from olingo.recipes.sft import SFTConfig, run_sft
 
     return {
         "sft": Stage(SFTConfig, run_sft, "model.path", generates=True),
         "rm": Stage(RMConfig, run_rm, "model.path", generates=False),
-        "ppo": Stage(PPOConfig, run_ppo, "model.actor", generates=True),
+        "ppo": Stage(PPOConfig, run_ppo, "model.actor", generates=True, check=check_ppo_config),
+        "grpo": Stage(GRPOConfig, run_grpo, "model.actor", generates=True, check=check_grpo_config),
     }
+
+
+def check_kind(kind: Any, where: str) -> str:
+    """`kind` when it names a stage, else a ConfigError at `where` with a did-you-mean."""
+    known = stages()
+    if kind not in known:
+        raise ConfigError(f"{where}: expected one of {', '.join(known)}, got {kind!r}{did_you_mean(str(kind), known)}")
+    return kind
 
 
 def resolve_arm(spec: Any, where: str, base_dir: Path) -> tuple[str, dict[str, Any]]:
     """(stage kind, stage config as a dict) of one arm spec; `config:` files are read here."""
     if not isinstance(spec, dict):
-        raise ConfigError(f"{where}: an arm is a mapping {{stage: sft|rm|ppo, ...}}, got {type(spec).__name__}")
+        raise ConfigError(f"{where}: an arm is a mapping {{stage: {'|'.join(stages())}, ...}}, got {type(spec).__name__}")
     spec = dict(spec)
-    kind = spec.pop("stage", None)
-    known = stages()
-    if kind not in known:
-        raise ConfigError(f"{where}.stage: expected one of {', '.join(known)}, got {kind!r}{did_you_mean(str(kind), known)}")
+    kind = check_kind(spec.pop("stage", None), f"{where}.stage")
     source = spec.pop("config", None)
     base = read_stage_file(source, where, base_dir) if source else {}
     return kind, deep_merge(base, spec)
@@ -264,14 +286,75 @@ def read_stage_file(source: str, where: str, base_dir: Path) -> dict[str, Any]:
 
 def validate_stage(kind: str, data: dict[str, Any], where: str) -> StrictModel:
     """The stage config model for `data`; every problem is reported with `where` in front."""
-    model, problems = config_problems(stages()[kind].config_model, data)
+    stage = stages()[kind]
+    model, problems = config_problems(stage.config_model, data)
     if model is None:  # the same did-you-mean and range messages as a stage's own config
         raise ConfigError(f"invalid {kind} config in {where}:\n" + format_problems(problems, prefix=where))
     if model.run.resume is not None:
         raise ConfigError(f"{where}.run.resume: experiments start every run fresh; leave run.resume unset")
     if model.plugin.name != "single":
         raise ConfigError(f"{where}.plugin.name: an experiment runs its arms one after another in one process; use plugin.name=single")
+    ray = getattr(model, "ray", None)
+    if ray is not None and ray.enabled:  # the recipe refuses it too, but only once training starts
+        raise ConfigError(f"{where}.ray.enabled: not available inside an experiment (its callbacks would run in a Ray actor); leave it false")
+    if stage.check is not None:
+        try:
+            stage.check(model)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
     return model
+
+
+# ---- chains ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChainLink:
+    """One stage of an arm's chain, before seeds are given: the arm's run or a continual stage."""
+
+    kind: str
+    data: dict[str, Any]  # the stage config as a dict, without run.name/output_dir/seed
+    where: str  # for error messages: "runs.A" or "runs.A continual.rl"
+    stage: str | None  # continual stage name (None: the arm's own run)
+
+
+def check_continual_kinds(continual: list[ContinualStage]) -> None:
+    """Every `continual[i].stage` names a known stage kind."""
+    for stage in continual:
+        if stage.stage is not None:
+            check_kind(stage.stage, f"continual.{stage.name}.stage")
+
+
+def check_link(before: ChainLink, kind: str, stage: ContinualStage, where: str) -> None:
+    """A continual stage of `kind` can start from the final weights of `before`."""
+    known = stages()
+    if known[kind].generates and not known[before.kind].generates:
+        raise ConfigError(
+            f"{where}.stage: {kind} trains a policy and starts from one, but the stage before it "
+            f"({before.where}, {before.kind}) trains a reward model; only an rm stage can continue a reward model"
+        )
+    model_path = known[kind].model_path
+    if get_dotted(deep_merge({}, stage.overrides), model_path) is not None:
+        raise ConfigError(
+            f"{where}.overrides.{model_path}: a continual stage starts from the final weights of the stage "
+            f"before it ({before.where}); leave {model_path} unset"
+        )
+
+
+def arm_chain(cfg: ExperimentConfig, kind: str, data: dict[str, Any], where: str, base_dir: Path) -> list[ChainLink]:
+    """The arm's run, then its continual stages, each with its kind and config.
+
+    A stage without `stage` and `config` (or naming the kind before it) takes the base config of
+    the stage before it; another kind or a `config` file starts a new base. A stage's overrides
+    never carry over to the next stage.
+    """
+    links, base = [ChainLink(kind, data, where, None)], data
+    for stage in cfg.continual:
+        before, stage_where = links[-1], f"{where} continual.{stage.name}"
+        kind = stage.stage or before.kind
+        check_link(before, kind, stage, stage_where)
+        if stage.config is not None or kind != before.kind:
+            base = read_stage_file(stage.config, f"continual.{stage.name}", base_dir) if stage.config else {}
+        links.append(ChainLink(kind, deep_merge(base, stage.overrides), stage_where, stage.name))
+    return links
 
 
 # ---- the plan -------------------------------------------------------------------------------------
@@ -283,11 +366,12 @@ class RunPlan:
     arm: str
     group: str | None  # the arm, when it has repeats or continual stages
     seed: int
-    kind: str  # sft | rm | ppo
+    kind: str  # sft | rm | ppo | grpo
     config: dict[str, Any]  # the stage config as a dict (run.name, run.output_dir, run.seed set)
     where: str  # where in the experiment file it comes from, for error messages
     stage: str | None = None  # continual stage name (None: the arm's own run)
     previous: str | None = None  # run whose final weights this continual stage starts from
+    model_path: str | None = None  # dotted field set to the previous run's final model (model.path, model.actor)
 
 
 def replicate_name(arm: str, seed: int, n_repeats: int) -> str:
@@ -297,21 +381,22 @@ def replicate_name(arm: str, seed: int, n_repeats: int) -> str:
 
 def plan_runs(cfg: ExperimentConfig, base_dir: Path, runs_dir: Path) -> list[RunPlan]:
     """Every run in order: arms, then seeds, then continual stages; each config validated."""
+    check_continual_kinds(cfg.continual)
     plans: list[RunPlan] = []
     for arm, spec in arm_specs(cfg).items():
         where = "run" if cfg.run is not None else (f"runs.{arm}" if cfg.runs is not None else f"matrix[{arm}]")
         kind, data = resolve_arm(spec, where, base_dir)
+        chain = arm_chain(cfg, kind, data, where, base_dir)
         first_seed = cfg.base_seed if cfg.base_seed is not None else int(get_dotted(data, "run.seed", 42))
         group = arm if cfg.n_repeats > 1 or cfg.continual else None
         for seed in range(first_seed, first_seed + cfg.n_repeats):
             replicate, previous = replicate_name(arm, seed, cfg.n_repeats), None
-            for stage in [None, *cfg.continual]:
-                name = replicate if stage is None else f"{replicate}__{safe_name(stage.name)}"
-                stage_where = where if stage is None else f"{where} continual.{stage.name}"
-                stage_data = data if stage is None else deep_merge(data, stage.overrides)
-                stage_data = deep_merge(stage_data, {"run": {"name": name, "output_dir": str(runs_dir), "seed": seed}})
-                validate_stage(kind, stage_data, stage_where)
-                plans.append(RunPlan(name, arm, group, seed, kind, stage_data, stage_where, stage and stage.name, previous))
+            for link in chain:
+                name = replicate if link.stage is None else f"{replicate}__{safe_name(link.stage)}"
+                stage_data = deep_merge(link.data, {"run": {"name": name, "output_dir": str(runs_dir), "seed": seed}})
+                validate_stage(link.kind, stage_data, link.where)
+                model_path = stages()[link.kind].model_path if previous else None
+                plans.append(RunPlan(name, arm, group, seed, link.kind, stage_data, link.where, link.stage, previous, model_path))
                 previous = name
     names = [p.name for p in plans]
     duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -155,8 +155,8 @@ class Experiment:
     def _stage_config(self, plan: RunPlan, previous: RunResult | None) -> Any:
         """The run's validated stage config; a continual stage starts from the previous weights."""
         data = plan.config
-        if previous is not None and previous.final_model:
-            data = deep_merge(data, {stages()[plan.kind].model_path: previous.final_model})
+        if plan.model_path is not None and previous is not None and previous.final_model:
+            data = deep_merge(data, {plan.model_path: previous.final_model})
         return validate_stage(plan.kind, data, plan.where)
 
     def _train(self, plan: RunPlan, config: Any, arm: ArmResult) -> RunResult:

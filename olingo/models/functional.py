@@ -1,4 +1,5 @@
-"""Pure tensor maths for RLHF: masked statistics, log-probabilities, KL, rewards, GAE.
+"""Pure tensor maths for RLHF: masked statistics, log-probabilities, KL, rewards, GAE, the
+group-relative advantages of the GRPO family, and loss aggregation.
 
 Conventions: per-token RL tensors are (B, A), column j being response token j. `action_mask`
 (B, A) is 1/True on real response tokens and 0 on the padding after the stop token (any
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 KLEstimator = Literal["k1", "k2", "k3"]
 RewardPlacement = Literal["last", "every"]
+LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 AllReduceSum = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over data-parallel ranks
 
 
@@ -214,6 +216,172 @@ def explained_variance(
     ratio = var_residual / var_returns.clamp(min=torch.finfo(var_returns.dtype).tiny)
     return torch.where(var_returns > 0, 1 - ratio, torch.zeros_like(ratio))
 
+
+
+# ---- the GRPO family: sequence advantages from groups of G responses to one prompt ----------
+# Rows are grouped contiguously: rows g*G .. g*G+G-1 answer prompt g (`repeat_interleave`).
+
+
+def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) -> (B/G, G), refusing a batch that is not whole groups."""
+    if group_size < 1 or scores.dim() != 1 or scores.numel() % group_size:
+        raise ValueError(f"scores of shape {tuple(scores.shape)} are not whole groups of {group_size}")
+    return scores.view(-1, group_size)
+
+
+def group_mean(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Each row's group mean reward, (B,) -> (B,)."""
+    return _groups(scores, group_size).mean(dim=-1).repeat_interleave(group_size)
+
+
+def grpo_advantages(scores: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO (Shao et al. 2024, DeepSeekMath, section 4.1.2): A_i = (r_i - mean(r)) / (std(r) + eps).
+
+    scores: (B,) sequence rewards, B = groups x `group_size` (G >= 2). Returns (B,). std is
+    the unbiased one (n - 1), as in TRL and verl. A group whose rewards are all equal gets 0.
+    """
+    groups = _groups(scores, group_size)
+    if group_size < 2:
+        raise ValueError("grpo advantages need at least 2 responses per prompt (the std of one is undefined)")
+    centred = groups - groups.mean(dim=-1, keepdim=True)
+    return (centred / (groups.std(dim=-1, keepdim=True) + eps)).flatten()
+
+
+def dr_grpo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like Training", eq. 3): A_i = r_i - mean(r).
+
+    No division by the group std, which up-weights groups that are nearly all right or all
+    wrong. scores: (B,) -> (B,).
+    """
+    groups = _groups(scores, group_size)
+    return (groups - groups.mean(dim=-1, keepdim=True)).flatten()
+
+
+def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024, "Back to Basics", eq. 6): A_i = r_i - mean of the other G-1
+    rewards = G / (G - 1) * (r_i - mean(r)). scores: (B,) -> (B,); G >= 2."""
+    if group_size < 2:
+        raise ValueError("rloo advantages need at least 2 responses per prompt (a leave-one-out baseline)")
+    groups = _groups(scores, group_size)
+    others = (groups.sum(dim=-1, keepdim=True) - groups) / (group_size - 1)
+    return (groups - others).flatten()
+
+
+def reward_to_go(rewards: torch.Tensor, action_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Discounted returns G_t = sum_{s >= t} gamma^(s-t) r_s over each row's masked tokens.
+
+    rewards, action_mask: (B, A). Returns (B, A), 0 on masked-out entries. With gamma = 1 this
+    is a reverse cumulative sum (REINFORCE++, Hu 2025).
+    """
+    mask = action_mask.bool()
+    rewards = torch.where(mask, rewards, torch.zeros_like(rewards))
+    if gamma == 1.0:
+        returns = rewards.flip(-1).cumsum(-1).flip(-1)
+    else:
+        running = torch.zeros_like(rewards[:, 0])
+        columns = []
+        for t in reversed(range(rewards.shape[-1])):
+            running = rewards[:, t] + gamma * running
+            columns.append(running)
+        returns = torch.stack(columns[::-1], dim=-1)
+    return torch.where(mask, returns, torch.zeros_like(returns))
+
+
+def reinforce_pp_advantages(
+    rewards: torch.Tensor, scores: torch.Tensor, action_mask: torch.Tensor, group_size: int | None = None,
+    all_reduce_sum: AllReduceSum | None = None,
+) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach"): the reward-to-go
+    of the per-token rewards (KL penalty at every token, score at the last) with gamma 1,
+    whitened over the whole global batch. With `group_size` (the "baseline" variant) the group
+    mean score is subtracted first: every token of a response sees its terminal score in the
+    reward-to-go, so subtracting it there equals subtracting it from the score.
+
+    rewards, action_mask: (B, A); scores: (B,) the sequence scores inside `rewards`. Returns
+    (B, A). `all_reduce_sum` makes the whitening statistics those of every rank's batch.
+    """
+    returns = reward_to_go(rewards, action_mask)
+    if group_size is not None:
+        returns = returns - group_mean(scores, group_size).to(returns.dtype).unsqueeze(-1)
+    return masked_whiten(returns, action_mask, all_reduce_sum=all_reduce_sum)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_length: int, cache: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to the score.
+
+    lengths: (B,) response lengths in tokens. With limit L = `max_length` and cache L_c:
+    0 for |o| <= L - L_c; ((L - L_c) - |o|) / L_c inside the cache; -1 beyond L. Returns (B,)
+    float32. `cache` 0 turns it off (all zeros).
+    """
+    lengths = lengths.float()
+    if cache <= 0:
+        return torch.zeros_like(lengths)
+    if cache > max_length:
+        raise ValueError(f"the overlong cache ({cache}) is longer than the length limit ({max_length})")
+    soft = (max_length - cache - lengths) / cache
+    return torch.where(lengths <= max_length - cache, torch.zeros_like(lengths), torch.where(lengths <= max_length, soft, -torch.ones_like(lengths)))
+
+
+def clipped_surrogate(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float, dual_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped policy-gradient loss with clip-higher and the optional dual clip.
+
+    log_ratio, advantages: (B, A) (log pi - log pi_old, and the advantage of each token).
+    loss_t = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) (PPO, Schulman et al. 2017 eq. 7;
+    asymmetric bounds: DAPO's clip-higher, Yu et al. 2025 eq. 10). With `dual_clip` = c > 1 the
+    loss of a token with A < 0 is also capped at -c A (Ye et al. 2020, "Mastering Complex
+    Control in MOBA Games", eq. 5), so one very unlikely token cannot dominate. Returns
+    (token loss, clipped) both (B, A); `clipped` marks tokens whose clipped term was taken.
+    """
+    ratio = log_ratio.exp()
+    unclipped = -ratio * advantages
+    clipped = -ratio.clamp(1 - eps_low, 1 + eps_high) * advantages
+    loss = torch.max(unclipped, clipped)
+    took_clip = clipped > unclipped
+    if dual_clip is not None:
+        if dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        capped = torch.min(loss, -dual_clip * advantages)
+        loss = torch.where(advantages < 0, capped, loss)
+    return loss, took_clip
+
+
+def loss_units(action_mask: torch.Tensor, mode: LossAggregation) -> torch.Tensor:
+    """What `aggregate_loss` divides by, counted in one micro-batch: response tokens for
+    `token_mean`, responses (rows with at least one token) otherwise. A float32 scalar; the
+    trainer sums it over every micro-batch and rank of the optimizer step."""
+    mask = action_mask.bool()
+    if mode == "token_mean":
+        return mask.sum().to(torch.float32)
+    return mask.any(dim=-1).sum().to(torch.float32)
+
+
+def aggregate_loss(
+    token_loss: torch.Tensor, action_mask: torch.Tensor, mode: LossAggregation, units: torch.Tensor | float, max_length: int | None = None,
+) -> torch.Tensor:
+    """One micro-batch's share of the optimizer step's loss. token_loss, action_mask: (B, A).
+
+    token_mean (DAPO):               sum_{i,t} l_{i,t} / units, units = tokens of the whole step
+    seq_mean_token_mean (GRPO):      sum_i mean_t l_{i,t} / units, units = responses of the step
+    seq_mean_token_sum_norm (Dr. GRPO): sum_i (sum_t l_{i,t} / max_length) / units, with the
+                                     constant `max_length` (the generation limit): no length bias
+    `units` is `loss_units` summed over every micro-batch (and rank) of the step, so that the
+    sum of these shares equals the loss of one big batch however it is split (REFERENCE.md D1).
+    """
+    mask = action_mask.bool()
+    if mode == "token_mean":
+        total = masked_sum(token_loss, mask)
+    elif mode == "seq_mean_token_mean":
+        total = masked_mean(token_loss, mask, dim=-1).sum()
+    elif mode == "seq_mean_token_sum_norm":
+        if not max_length:
+            raise ValueError("seq_mean_token_sum_norm needs max_length (the constant response-length normaliser)")
+        total = masked_sum(token_loss, mask, dim=-1).sum() / max_length
+    else:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose token_mean, seq_mean_token_mean or seq_mean_token_sum_norm")
+    units = torch.as_tensor(units, dtype=total.dtype, device=total.device)
+    return total / units.clamp(min=1)
 
 class RunningMoments:
     """Running mean and population std of all scalars seen so far, merged batch by batch with

@@ -3,7 +3,8 @@
 Pairwise reward-model losses follow the Bradley-Terry model of preferences used by
 InstructGPT (Ouyang et al., 2022, eq. 1): P(chosen > rejected) = sigmoid(r_c - r_r).
 The PPO actor and critic losses follow Schulman et al. 2017, "Proximal Policy Optimization
-Algorithms".
+Algorithms"; the critic-free policy loss of the GRPO family (`GroupPolicyLoss`) adds DAPO's
+clip-higher, the dual clip, a KL-to-reference term and three ways to aggregate token losses.
 """
 
 from __future__ import annotations
@@ -12,7 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from olingo.models.functional import masked_mean, masked_sum
+from olingo.models.functional import (
+    KLEstimator,
+    LossAggregation,
+    aggregate_loss,
+    clipped_surrogate,
+    kl_estimate,
+    masked_mean,
+    masked_sum,
+)
 
 
 class LogSigLoss(nn.Module):
@@ -154,3 +163,56 @@ class ValueLoss(nn.Module):
             token_loss = torch.max(clipped_loss, token_loss)
         loss = 0.5 * masked_mean(token_loss, action_mask, dim=-1).mean()
         return loss, {"value_clipfrac": clipfrac}
+
+
+class GroupPolicyLoss(nn.Module):
+    """The policy loss of GRPO, Dr. GRPO, DAPO, RLOO and REINFORCE++ (REFERENCE.md D1).
+
+    log_probs, advantages, action_mask: (B, A); old_log_probs, ref_log_probs: (B, A) or None.
+    Per token: the clipped surrogate with bounds [1 - eps_low, 1 + eps_high] and the optional
+    dual clip (`clipped_surrogate`), plus `kl_coef` x the KL estimate to the reference (GRPO's
+    k3 term, Shao et al. 2024 eq. 3) when `ref_log_probs` is given. Both are aggregated with
+    `aggregate_loss(mode, units)`, `units` counting the whole optimizer step, so the returned
+    loss is this micro-batch's share of the step's loss. `old_log_probs=None` means pi_old is
+    the current policy (one update per batch): the ratio is exactly 1 and the gradient is that
+    of log pi. Returns (loss, stats); stats are detached: policy_loss and kl_loss (shares, to be
+    summed over the step), clipfrac, clipfrac_low/high (ratio below/above the band where the
+    clip was taken), approx_kl (k3 of pi_old vs pi), ratio_max.
+    """
+
+    def __init__(
+        self, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: float | None = None, aggregation: LossAggregation = "token_mean",
+        kl_coef: float = 0.0, kl_estimator: KLEstimator = "k3", max_length: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.eps_low, self.eps_high, self.dual_clip = eps_low, eps_high, dual_clip
+        self.aggregation, self.max_length = aggregation, max_length
+        self.kl_coef, self.kl_estimator = kl_coef, kl_estimator
+
+    def forward(
+        self, log_probs: torch.Tensor, old_log_probs: torch.Tensor | None, advantages: torch.Tensor, action_mask: torch.Tensor,
+        units: torch.Tensor | float, ref_log_probs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask = action_mask.bool()
+        old = log_probs.detach() if old_log_probs is None else old_log_probs
+        log_ratio = torch.where(mask, log_probs - old, torch.zeros_like(log_probs))  # select: padding may hold anything
+        advantages = torch.where(mask, advantages, torch.zeros_like(advantages))
+        token_loss, clipped = clipped_surrogate(log_ratio, advantages, self.eps_low, self.eps_high, self.dual_clip)
+        policy_loss = aggregate_loss(token_loss, mask, self.aggregation, units, self.max_length)
+        loss, kl_loss = policy_loss, torch.zeros_like(policy_loss)
+        if self.kl_coef > 0 and ref_log_probs is not None:
+            kl = kl_estimate(log_probs, ref_log_probs, self.kl_estimator, mask)
+            kl_loss = aggregate_loss(kl, mask, self.aggregation, units, self.max_length)
+            loss = policy_loss + self.kl_coef * kl_loss
+        with torch.no_grad():
+            ratio = log_ratio.exp()
+            clipped = clipped & mask
+            stats = {
+                "policy_loss": policy_loss.detach(), "kl_loss": kl_loss.detach(),
+                "clipfrac": masked_mean(clipped.float(), mask),
+                "clipfrac_low": masked_mean((clipped & (ratio < 1)).float(), mask),
+                "clipfrac_high": masked_mean((clipped & (ratio > 1)).float(), mask),
+                "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
+                "ratio_max": torch.where(mask, ratio, torch.zeros_like(ratio)).max(),
+            }
+        return loss, stats

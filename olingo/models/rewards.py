@@ -432,3 +432,7 @@ def _describe(value: Any) -> str:
 
 def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
+# The built-in verifiers register themselves on import; last, as they import register_reward.
+from olingo.models import verifiers as _verifiers  # noqa: E402, F401

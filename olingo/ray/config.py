@@ -1,6 +1,6 @@
-"""The `ray:` section of `olingo ppo`: detached mode's own typed config.
+"""The `ray:` section of `olingo ppo` and `olingo grpo`: detached mode's own typed config.
 
-Pure configuration, importable without ray installed (the PPO config embeds it); the modules
+Pure configuration, importable without ray installed (the PPO and GRPO configs embed it); the modules
 that import ray are the others of this package.
 """
 
@@ -21,10 +21,10 @@ class ActorResources(StrictModel):
 class RayConfig(StrictModel):
     """Detached mode: experience makers and the trainer as separate Ray actors (olingo.ray)."""
 
-    enabled: bool = Field(False, description="run PPO as Ray actors instead of one process")
+    enabled: bool = Field(False, description="run the trainer and the experience makers as Ray actors instead of one process")
     address: str | None = Field(None, description="Ray cluster to join (default: $RAY_ADDRESS, else start a local instance)")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of the local Ray instance started when none is joined (default: all)")
-    num_makers: int = Field(1, ge=1, description="experience-maker actors, each with its own actor/critic/reward/reference copies")
+    num_makers: int = Field(1, ge=1, description="experience-maker actors, each with its own copies of the models it generates and scores with")
     maker_resources: ActorResources = Field(default_factory=ActorResources, description="resources of each maker")
     trainer_resources: ActorResources = Field(default_factory=ActorResources, description="resources of the trainer")
     buffer_limit: int = Field(0, ge=0, description="training batches the trainer's buffer holds before makers wait (0: one episode's worth)")

@@ -23,17 +23,23 @@ fails `fit` with the maker's traceback; a maker that dies (and is restarted by R
 current weights and its loop back; experience carries the policy version that made it and
 batches more than `max_staleness` weight syncs old are dropped and counted.
 
-`state.step` counts `training_step` calls (for PPO: optimizer steps); `policy_version` is the
-step at which the makers' current weights were pushed.
+`state.step` counts `training_step` calls (for PPO and GRPO: optimizer steps); `policy_version`
+is the step at which the makers' current weights were pushed.
+
+What the learner-backed trainers (`DetachedPPOTrainer`, `DetachedGRPOTrainer`) share beyond the
+loop is here too, as helpers they call: the makers' sampling-temperature check, the weight push
+through the object store with its `perf/weight_sync_*` metrics, and the checkpoint's RNG and
+`trainer_state.json` (counters, the makers' states, the callbacks' states), restored on resume.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +50,16 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from olingo.experience_maker import BufferItem, Experience
 from olingo.experience_maker.experience import experience_info
 from olingo.ray.detached_replay_buffer import DetachedReplayBuffer
+from olingo.ray.weights import state_dict_for_sync, state_dict_nbytes
 from olingo.ray.worker import setup_worker_logging
-from olingo.trainer._support import default_callbacks
+from olingo.trainer._support import callback_states, default_callbacks, restore_callback_states
 from olingo.trainer.callbacks import Callback, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager
 from olingo.trainer.loop import is_due, loop_scope
+from olingo.trainer.utils import rng_state, set_rng_state
 
 logger = logging.getLogger("olingo.ray")
+TRAINER_CONCURRENCY = {"buffer_length": 1, "buffer_append": 1, "buffer_sample": 1, "compute": 1}  # what a subclass's @ray.remote names
 
 
 class MakerError(RuntimeError):
@@ -128,6 +137,8 @@ class DetachedTrainer(ABC):
         self._saved_rows: list[ManifestRow] = []
         self._last_saved_step = 0
         self._defaults_installed = False
+        self._pending_callback_states: dict[str, Any] = {}  # from a checkpoint, given back at fit
+        self._maker_states: list[dict[str, Any]] = []  # from a checkpoint, restored into the makers at the first sync
 
     # ---- what a concrete trainer supplies ------------------------------------------------
     @abstractmethod
@@ -315,6 +326,15 @@ class DetachedTrainer(ABC):
                 self.sync_steps.append(version)
         if self._debug:
             logger.info("[trainer] weights of step %d pushed to %s", version, "all makers" if to_all else len(kwargs["makers"]))
+        if self._maker_states and to_all:  # the first sync after a resume
+            self._restore_maker_states()
+
+    def _restore_maker_states(self) -> None:
+        states, self._maker_states = self._maker_states, []
+        if len(states) != len(self.target_holder_list):
+            logger.warning("checkpoint holds %d makers' states, this run has %d makers: makers start fresh", len(states), len(self.target_holder_list))
+            return
+        self._get([m.load_state_dict.remote(s) for m, s in zip(self.target_holder_list, states, strict=True)], "restoring the makers' state")
 
     def _check_makers(self) -> None:
         """React to working loops that ended: errors fail `fit`, deaths restart the maker."""
@@ -404,6 +424,8 @@ class DetachedTrainer(ABC):
         if not self._defaults_installed:
             self._defaults_installed = True
             self.callbacks[:0] = default_callbacks(self.log_dir, self.use_wandb, self.show_progress)
+        restore_callback_states(self.callbacks, self._pending_callback_states)
+        self._pending_callback_states = {}
 
     def _save_checkpoint(self, name: str) -> None:
         self._last_saved_step = self.state.step
@@ -413,3 +435,60 @@ class DetachedTrainer(ABC):
         self._saved_rows.append(row)
         dispatch(self.callbacks, "on_checkpoint", self.state, row)
 
+    # ---- helpers of the learner-backed trainers (PPO, GRPO) -------------------------------------
+    def _check_maker_temperature(self, temperature: float) -> None:
+        """Every maker must sample at the temperature the trainer computes log-probs at."""
+        settings = self._get([m.generation_settings.remote() for m in self.target_holder_list], "reading the makers' sampling settings")
+        for name, got in zip(self.target_holder_name_list, settings, strict=True):
+            if abs(got["temperature_for_log_probs"] - temperature) > 1e-9:
+                raise ValueError(
+                    f"maker '{name}' samples at temperature {got['temperature_for_log_probs']} but the trainer computes "
+                    f"log-probs at {temperature}: pass the makers' temperature to {type(self).__name__}(temperature=...)"
+                )
+
+    def _push_weights(self, makers: list[Any], actor: torch.nn.Module, critic: torch.nn.Module | None, policy_version: int) -> None:
+        """The actor's (and critic's) weights into the object store once; every maker loads them
+        (strict keys) and answers; `perf/weight_sync_*` metrics of the whole sync."""
+        start = time.perf_counter()
+        states = [state_dict_for_sync(actor), state_dict_for_sync(critic) if critic is not None else None]
+        nbytes = sum(state_dict_nbytes(s) for s in states if s is not None)
+        refs = [ray.put(s) if s is not None else None for s in states]
+        calls = [m.update_experience_maker.remote(*refs, policy_version=policy_version, fully_update=True) for m in makers]
+        self._get(calls, "weight sync")
+        seconds = time.perf_counter() - start
+        tensors = sum(len(s) for s in states if s is not None)
+        what = f"{len(states[0])} actor + {len(states[1])} critic tensors" if states[1] is not None else f"{len(states[0])} actor tensors"
+        logger.info("[trainer] weight sync: %.3f MB (%s) to %d makers in %.2fs", nbytes / 1e6, what, len(makers), seconds)
+        self._sync_metrics = {
+            "perf/weight_sync_s": seconds,
+            "perf/weight_sync_gbps": nbytes * len(makers) / max(seconds, 1e-9) / 1e9,
+            "perf/weight_sync_mb": nbytes / 1e6,
+            "perf/weight_sync_tensors": float(tensors),
+        }
+
+    def _write_trainer_state(self, directory: Path) -> None:
+        """Next to the models: the RNG and `trainer_state.json` (counters, makers, callbacks)."""
+        torch.save(rng_state(), directory / "rng_rank0.pt")
+        makers = self._get([m.state_dict.remote() for m in self.target_holder_list], "reading the makers' state")
+        state = {
+            "step": self.state.step,
+            "episode": self.start_episode,
+            "policy_version": self.policy_version,
+            "sync_steps": self.sync_steps,
+            "makers": makers,  # in the order of experience_maker_holder_name_list
+            "callbacks": callback_states(self.callbacks),
+        }
+        (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
+
+    def _load_trainer_state(self, directory: Path, load_models: Callable[[Path], None]) -> int:
+        """Restore models (`load_models`), RNG and counters; the makers get their own state when
+        `fit` connects to them, the callbacks theirs when it installs them. Returns the step."""
+        trainer_state = json.loads((directory / "trainer_state.json").read_text())
+        load_models(directory)
+        set_rng_state(torch.load(directory / "rng_rank0.pt", weights_only=False))
+        self.state.step = self._last_saved_step = trainer_state["step"]
+        self.start_episode = trainer_state["episode"]
+        self.policy_version, self.sync_steps = trainer_state["policy_version"], trainer_state["sync_steps"]
+        self._maker_states = trainer_state["makers"]
+        self._pending_callback_states = trainer_state.get("callbacks", {})
+        return self.state.step

@@ -10,9 +10,6 @@ Under LoRA only the adapters and the critic's value head are sent (`olingo.ray.w
 
 from __future__ import annotations
 
-import json
-import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,15 +19,9 @@ import torch
 
 from olingo.booster import Booster, SingleProcessPlugin
 from olingo.experience_maker import Experience
-from olingo.ray.detached_trainer_base import DetachedTrainer
-from olingo.ray.weights import state_dict_for_sync, state_dict_nbytes
-from olingo.trainer._support import callback_states, restore_callback_states
+from olingo.ray.detached_trainer_base import TRAINER_CONCURRENCY, DetachedTrainer
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.ppo_learner import PPOLearner, PPOLossConfig
-from olingo.trainer.utils import rng_state, set_rng_state
-
-logger = logging.getLogger("olingo.ray")
-TRAINER_CONCURRENCY = {"buffer_length": 1, "buffer_append": 1, "buffer_sample": 1, "compute": 1}
 
 
 def default_optim_fn(actor_lr: float, critic_lr: float) -> Callable[[torch.nn.Module, torch.nn.Module], tuple]:
@@ -98,8 +89,6 @@ class DetachedPPOTrainer(DetachedTrainer):
         self.device = self.learner.device
         self.temperature = temperature
         self.tokenizer = tokenizer_fn() if tokenizer_fn is not None else None
-        self._pending_callback_states: dict[str, Any] = {}
-        self._maker_states: list[dict[str, Any]] = []  # restored into the makers at the first sync
 
     def training_step(self, experience: Experience) -> dict[str, Any]:
         """One PPO update (policy and value losses, one optimizer step) on one batch."""
@@ -109,75 +98,24 @@ class DetachedPPOTrainer(DetachedTrainer):
 
     def _update_remote_makers(self, fully_update: bool = False, **kwargs: Any) -> None:
         """Both models into the object store once; every maker loads them (strict keys)."""
-        makers = kwargs.get("makers") or self.target_holder_list
-        start = time.perf_counter()
-        actor = state_dict_for_sync(self.learner.policy.booster.unwrap(self.learner.actor))
-        critic = state_dict_for_sync(self.learner.critic_learner.booster.unwrap(self.learner.critic))
-        nbytes = state_dict_nbytes(actor) + state_dict_nbytes(critic)
-        actor_ref, critic_ref = ray.put(actor), ray.put(critic)
-        calls = [m.update_experience_maker.remote(actor_ref, critic_ref, policy_version=kwargs["policy_version"], fully_update=True) for m in makers]
-        self._get(calls, "weight sync")
-        seconds = time.perf_counter() - start
-        logger.info("[trainer] weight sync: %.3f MB (%d actor + %d critic tensors) to %d makers in %.2fs", nbytes / 1e6, len(actor), len(critic), len(makers), seconds)
-        self._sync_metrics = {
-            "perf/weight_sync_s": seconds,
-            "perf/weight_sync_gbps": nbytes * len(makers) / max(seconds, 1e-9) / 1e9,
-            "perf/weight_sync_mb": nbytes / 1e6,
-            "perf/weight_sync_tensors": float(len(actor) + len(critic)),
-        }
+        self._push_weights(
+            kwargs.get("makers") or self.target_holder_list, self.learner.policy.booster.unwrap(self.learner.actor),
+            self.learner.critic_learner.booster.unwrap(self.learner.critic), kwargs["policy_version"],
+        )
 
     def _connect_makers(self) -> None:
         super()._connect_makers()
-        settings = self._get([m.generation_settings.remote() for m in self.target_holder_list], "reading the makers' sampling settings")
-        for name, got in zip(self.target_holder_name_list, settings, strict=True):
-            if abs(got["temperature_for_log_probs"] - self.temperature) > 1e-9:
-                raise ValueError(
-                    f"maker '{name}' samples at temperature {got['temperature_for_log_probs']} but the trainer computes "
-                    f"log-probs at {self.temperature}: pass the makers' temperature to DetachedPPOTrainer(temperature=...)"
-                )
+        self._check_maker_temperature(self.temperature)
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def _write_checkpoint(self, directory: Path) -> None:
         self.learner.save(directory)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(directory / "actor"))
-        torch.save(rng_state(), directory / "rng_rank0.pt")
-        makers = self._get([m.state_dict.remote() for m in self.target_holder_list], "reading the makers' state")
-        state = {
-            "step": self.state.step,
-            "episode": self.start_episode,
-            "policy_version": self.policy_version,
-            "sync_steps": self.sync_steps,
-            "makers": makers,  # in the order of experience_maker_holder_name_list
-            "callbacks": callback_states(self.callbacks),
-        }
-        (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        self._write_trainer_state(directory)
 
     def load_checkpoint(self, directory: str) -> int:
         """Restore models, optimizers, schedulers, RNG and counters; the makers get their own
         state (KL controller, reward statistics, prompt position) when `fit` connects to them.
         Returns the restored step."""
-        directory = Path(directory)
-        trainer_state = json.loads((directory / "trainer_state.json").read_text())
-        self.learner.load(directory)
-        set_rng_state(torch.load(directory / "rng_rank0.pt", weights_only=False))
-        self.state.step = self._last_saved_step = trainer_state["step"]
-        self.start_episode = trainer_state["episode"]
-        self.policy_version, self.sync_steps = trainer_state["policy_version"], trainer_state["sync_steps"]
-        self._maker_states = trainer_state["makers"]
-        self._pending_callback_states = trainer_state.get("callbacks", {})
-        return self.state.step
-
-    def _install_default_callbacks(self) -> None:
-        super()._install_default_callbacks()
-        restore_callback_states(self.callbacks, self._pending_callback_states)
-        self._pending_callback_states = {}
-
-    def _sync(self, fully_update: bool = False, **kwargs: Any) -> None:
-        super()._sync(fully_update, **kwargs)
-        if self._maker_states and "makers" not in kwargs:  # the first sync after a resume
-            states, self._maker_states = self._maker_states, []
-            if len(states) != len(self.target_holder_list):
-                logger.warning("checkpoint holds %d makers' states, this run has %d makers: makers start fresh", len(states), len(self.target_holder_list))
-                return
-            self._get([m.load_state_dict.remote(s) for m, s in zip(self.target_holder_list, states, strict=True)], "restoring the makers' state")
+        return self._load_trainer_state(Path(directory), self.learner.load)

@@ -1,7 +1,10 @@
-"""`ExperienceMakerHolder`: a Ray actor that makes PPO experience and feeds trainers' buffers.
+"""`ExperienceMakerHolder`: a Ray actor that makes experience and feeds trainers' buffers.
 
-Each holder builds its own actor, critic, reward and reference models (`model_fn`) and runs
-the same `NaiveExperienceMaker` as single-process PPO. Its working loop, as the hooks see it:
+Each holder builds its own models (`model_fn`) and runs the same experience maker as the
+single-process trainer: by default PPO's `NaiveExperienceMaker` on actor, critic, reward and
+reference; with `making=GroupMaking(...)` the GRPO family's `GroupExperienceMaker` on actor,
+reward and (only with a KL term) reference, sending whole groups with their advantages
+(`olingo.ray.making`). Its working loop, as the hooks see it:
 
     on_loop_start()
     until told to stop (or `num_steps` batches):
@@ -37,10 +40,10 @@ from olingo.experience_maker import (
     Experience,
     ExperienceConfig,
     GenerationSettings,
-    NaiveExperienceMaker,
     RewardShaping,
 )
 from olingo.ray.detached_replay_buffer import ACCEPTED, CLOSED
+from olingo.ray.making import GroupMaking, PPOMaking, models_on
 from olingo.ray.weights import load_synced_state
 from olingo.ray.worker import setup_worker_logging
 from olingo.trainer.callbacks import Callback, dispatch
@@ -57,14 +60,18 @@ class ExperienceMakerHolder:
 
     Args:
         detached_trainer_name_list: names of the trainer actors to feed.
-        model_fn: () -> (actor, critic, reward_model, initial_model), built inside the actor.
+        model_fn: () -> the models `making` builds on, inside the actor: (actor, critic,
+            reward_model, initial_model) for PPO, (actor, reward, reference or None) for groups.
         tokenizer_fn: () -> tokenizer (left padding for prompts).
         dataloader_fn: () -> DataLoader of prompt batches (input_ids, attention_mask, gt_answer).
-        kl_coef: initial KL coefficient of the maker's reward (None: `experience_config`'s).
+        kl_coef: PPO: initial KL coefficient of the maker's reward (None: `experience_config`'s).
         callbacks: `Callback`s; the maker fires loop, batch, make-experience and send hooks.
         debug: log every batch.
-        experience_config: the maker's `ExperienceConfig` (KL, advantages, whitening, shortcuts).
-        reward_shaping: its `RewardShaping` (normalisation, clipping, placement, truncation).
+        experience_config: PPO: the maker's `ExperienceConfig` (KL, advantages, whitening, shortcuts).
+        reward_shaping: PPO: its `RewardShaping` (normalisation, clipping, placement, truncation).
+        making: what to make (`olingo.ray.making`); default `PPOMaking(kl_coef,
+            experience_config, reward_shaping)`. With `GroupMaking` the three PPO arguments
+            above must stay unset (the group config carries its own KL settings).
         engine_fn: (actor, tokenizer) -> the `RolloutEngine` this maker generates with, built
             inside the actor (default: `HFEngine`, transformers `generate` on the maker's actor);
             weight syncs go into the engine.
@@ -91,23 +98,21 @@ class ExperienceMakerHolder:
         accuracy_fn: Callable[[str, str, str | None], float] | None = None,
         seed: int = 0,
         call_timeout_s: float = 300.0,
+        making: PPOMaking | GroupMaking | None = None,
         **generate_kwargs: Any,
     ) -> None:
         setup_worker_logging()
+        if making is not None and (kl_coef, experience_config, reward_shaping) != (None, None, None):
+            raise ValueError("kl_coef, experience_config and reward_shaping configure PPOMaking: pass them to the `making` strategy instead")
+        self.making = making if making is not None else PPOMaking(kl_coef, experience_config, reward_shaping)
         torch.manual_seed(seed)
         self.trainer_names = list(detached_trainer_name_list)
         self.trainers: list[Any] = []  # handles, resolved when a working loop starts
-        actor, critic, reward_model, initial_model = model_fn()
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        for model in (actor, critic, reward_model, initial_model):
-            model.to(device)
+        models = model_fn()
+        models_on(models, torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
         self.tokenizer = tokenizer_fn()
         generation = GenerationSettings.from_kwargs(**generate_kwargs)
-        self.maker = NaiveExperienceMaker(
-            actor.eval(), critic.eval(), reward_model, initial_model, self.tokenizer, kl_coef,
-            config=experience_config, shaping=reward_shaping, generation=generation,
-            engine=engine_fn(actor, self.tokenizer) if engine_fn is not None else None,
-        )
+        self.maker = self.making.build(models, self.tokenizer, generation, engine_fn)
         self.prompts = CyclicLoader(dataloader_fn())
         self.eval_dataloader_fn, self.accuracy_fn = eval_dataloader_fn, accuracy_fn
         self.callbacks = list(callbacks)
@@ -123,7 +128,7 @@ class ExperienceMakerHolder:
     @ray.method(concurrency_group="control")
     def ready(self) -> dict[str, Any]:
         """Answers once the actor is constructed (also after a restart): who and what it holds."""
-        return {"policy_version": self.policy_version, "pid": os.getpid(), "counts": dict(self.counts)}
+        return {"policy_version": self.policy_version, "pid": os.getpid(), "counts": self._counts()}
 
     @ray.method(concurrency_group="control")
     def stop(self) -> None:
@@ -153,16 +158,17 @@ class ExperienceMakerHolder:
                     break
         finally:
             dispatch(self.callbacks, "on_loop_end")
-        return dict(self.counts)
+        return self._counts()
+
+    def _counts(self) -> dict[str, Any]:
+        return {**self.counts, **self.making.counts}
 
     def _make_batch(self) -> Experience:
         batch = self.prompts.next()
         dispatch(self.callbacks, "on_make_experience_start")
         start = time.perf_counter()
         with self._lock:
-            experience = self.maker.make_experience(
-                batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=self.policy_version, row_fields=batch.get("row_fields"),
-            )
+            experience = self.making.make(self.maker, batch, self.prompts.next, self.policy_version)
         self.counts["make_s"] += time.perf_counter() - start
         self.counts["batches"] += 1
         self.counts["made"] += experience.batch_size
@@ -268,13 +274,13 @@ class ExperienceMakerHolder:
 
     @ray.method(concurrency_group="model_io")
     def state_dict(self) -> dict[str, Any]:
-        """The maker's resumable state: KL controller and reward statistics, prompt position."""
+        """The maker's resumable state (PPO: KL controller and reward statistics), prompt position."""
         with self._lock:
-            return {"experience_maker": self.maker.state_dict(), "prompts": self.prompts.state_dict(), "policy_version": self.policy_version}
+            return {"experience_maker": self.making.state_dict(self.maker), "prompts": self.prompts.state_dict(), "policy_version": self.policy_version}
 
     @ray.method(concurrency_group="model_io")
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with self._lock:
-            self.maker.load_state_dict(state["experience_maker"])
+            self.making.load_state_dict(self.maker, state["experience_maker"])
             self.prompts.load_state_dict(state["prompts"])
 

@@ -1,8 +1,8 @@
-"""Launching detached PPO: start or join Ray, spawn the actors, wait, shut everything down.
+"""Launching detached PPO or GRPO: start or join Ray, spawn the actors, wait, shut everything down.
 
 Everything here that touches `ray` takes only the `ray:` config section (`RayConfig`) and the
-actors' own constructor arguments; the recipe that reads the whole PPO config and decides those
-arguments is `olingo.recipes.ppo_ray`.
+actors' own constructor arguments; the recipes that read a whole config and decide those
+arguments are `olingo.recipes.ppo_ray` and `olingo.recipes.grpo_ray`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import ray
 
 from olingo.config import ConfigError
 from olingo.ray.config import RayConfig
+from olingo.ray.detached_trainer_grpo import DetachedGRPOTrainer
 from olingo.ray.detached_trainer_ppo import DetachedPPOTrainer
 from olingo.ray.experience_maker_holder import ExperienceMakerHolder
 
@@ -62,9 +63,13 @@ def spawn_maker(rc: RayConfig, name: str, *args: Any, **kwargs: Any) -> Any:
     return ExperienceMakerHolder.options(name=name, max_restarts=rc.max_restarts, **rc.maker_resources.model_dump()).remote(*args, **kwargs)
 
 
-def spawn_trainer(rc: RayConfig, name: str, *args: Any, **kwargs: Any) -> Any:
-    """The `DetachedPPOTrainer` actor, answering once constructed (resources granted, models loaded)."""
-    trainer = DetachedPPOTrainer.options(name=name, **rc.trainer_resources.model_dump()).remote(*args, **kwargs)
+TRAINERS = {"ppo": DetachedPPOTrainer, "grpo": DetachedGRPOTrainer}
+
+
+def spawn_trainer(rc: RayConfig, name: str, *args: Any, algorithm: str = "ppo", **kwargs: Any) -> Any:
+    """The trainer actor of `algorithm` (`TRAINERS`: `DetachedPPOTrainer`, `DetachedGRPOTrainer`),
+    answering once constructed (resources granted, models loaded)."""
+    trainer = TRAINERS[algorithm].options(name=name, **rc.trainer_resources.model_dump()).remote(*args, **kwargs)
     ray.get(trainer.buffer_get_length.remote(), timeout=rc.call_timeout_s)
     return trainer
 

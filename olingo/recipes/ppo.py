@@ -49,6 +49,7 @@ from olingo.recipes.ppo_config import (  # noqa: F401 - the config's classes, im
     RewardConfig,
     generate_kwargs,
 )
+from olingo.recipes.rewards import load_reward
 from olingo.trainer._support import Evaluator
 from olingo.trainer.callbacks import Callback, LogContext
 from olingo.trainer.callbacks.builtin import PerformanceEvaluator
@@ -76,17 +77,6 @@ class PPOData:
     pretrain: Any | None
 
 
-def load_reward(cfg: PPOConfig, tokenizer) -> RewardModel | CompositeReward:  # noqa: ANN001
-    """The reward model alone, or the weighted sum of the reward functions (and the model)."""
-    rc, neural = cfg.reward, None
-    if rc.model is not None:
-        neural = RewardModel.from_pretrained(resolve_path(rc.model), pad_token_id=tokenizer.pad_token_id, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
-        neural = neural.eval().requires_grad_(False)
-    if not rc.functions:
-        return neural
-    return CompositeReward(rc.functions, neural=neural, neural_weight=rc.model_weight)
-
-
 def load_models(cfg: PPOConfig, inference_device: torch.device | str) -> PPOModels:
     """Actor (LoRA when asked), its frozen copy as reference, the critic (from the reward model
     by default, as InstructGPT does), the reward; frozen models wait on `inference_device`."""
@@ -97,7 +87,7 @@ def load_models(cfg: PPOConfig, inference_device: torch.device | str) -> PPOMode
     actor = m.lora.apply(load_causal_lm(resolve_path(m.actor), **load))
     reference = load_causal_lm(resolve_path(m.reference or m.actor), **load).eval().requires_grad_(False)
     critic = m.lora.apply(Critic.from_pretrained(resolve_path(m.critic or cfg.reward.model or m.actor), pad_token_id=tokenizer.pad_token_id, **load))
-    reward = load_reward(cfg, tokenizer)
+    reward = load_reward(cfg.reward, tokenizer, m.dtype, m.trust_remote_code)
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(actor)
         enable_gradient_checkpointing(critic)

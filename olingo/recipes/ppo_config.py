@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from olingo.config import StrictModel
 from olingo.experience_maker.config import ExperienceConfig, RewardShaping
-from olingo.models.rewards import resolve_reward
 from olingo.ray.config import RayConfig
 from olingo.recipes.common import (
     CallbackSpec,
@@ -24,6 +23,7 @@ from olingo.recipes.common import (
     PluginConfig,
     RunConfig,
 )
+from olingo.recipes.rewards import RewardSource
 from olingo.trainer.ppo_learner import PPOLossConfig
 
 
@@ -40,25 +40,9 @@ class PPOModelConfig(StrictModel):
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters via peft for actor and critic (lora.r > 0); reference and reward stay full")
 
 
-class RewardConfig(RewardShaping):
+class RewardConfig(RewardShaping, RewardSource):
     """Where the reward comes from: reward functions, a trained reward model, or both as weighted
     terms of one sum; then how the score is shaped before it becomes a reward."""
-
-    model: str | None = Field(None, description="reward-model directory (olingo rm output), scored at the last real token")
-    model_weight: float = Field(1.0, ge=0, description="weight of the reward model's score when reward.functions are set too")
-    functions: dict[str, float] = Field(
-        default_factory=dict,
-        description="reward functions with weights: registered names or package.module:function paths, e.g. "
-        "{arithmetic_exact: 1.0, my_pkg.rewards:exact: 0.5}; each term is logged as rollout/reward/<name>",
-    )
-
-    @model_validator(mode="after")
-    def _a_source(self) -> RewardConfig:
-        if self.model is None and not self.functions:
-            raise ValueError("set reward.model (a reward-model directory), reward.functions ({name: weight}), or both")
-        for spec in self.functions:
-            resolve_reward(spec)  # an unknown name or a path that does not import fails here, before any loading
-        return self
 
 
 class PPODataConfig(StrictModel):

@@ -6,6 +6,7 @@ from typing import Any
 
 _EXPORTS = {
     "PPOTrainer": "olingo.trainer.ppo",
+    "GRPOTrainer": "olingo.trainer.grpo",
     "OLTrainer": "olingo.trainer.online",
     "SLTrainer": "olingo.trainer.base",
     "SFTTrainer": "olingo.trainer.sft",

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from olingo.trainer import interrupt
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import MANIFEST
@@ -135,3 +137,16 @@ def raise_if_interrupted(state: LoopState, save_dir: Path | None, rows: Sequence
     if signum:
         checkpoint = save_dir / rows[-1].path if save_dir is not None and rows else None
         raise interrupt.TrainingInterrupted(signum, state.step, checkpoint)
+
+
+def episode_rollout_metrics(infos: list[dict[str, float]], seconds: float, tokens: float, plugin: Any, device: Any) -> dict[str, float]:
+    """An episode's experience statistics (`rollout/*`), averaged over its collect steps and over
+    ranks (every rank rolls out the same number of prompts, so means of means are exact means;
+    a `*_std` is the ranks' mean std), with the time spent making it and the tokens per second."""
+    metrics = {f"rollout/{key}": sum(info[key] for info in infos) / len(infos) for key in infos[0]} if infos else {}
+    if metrics:
+        values = plugin.all_reduce_mean(torch.tensor(list(metrics.values()), dtype=torch.float64, device=device))
+        metrics = dict(zip(metrics, values.tolist(), strict=True))
+    metrics["time/make_experience"] = seconds
+    metrics["perf/tokens_per_s"] = tokens / seconds if seconds > 0 else 0.0
+    return metrics

@@ -18,7 +18,6 @@ time/make_experience, time/learn, perf/tokens_per_s.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -43,13 +42,19 @@ from olingo.experience_maker import (
     NaiveExperienceMaker,
     RewardShaping,
 )
+from olingo.trainer._support import episode_rollout_metrics
 from olingo.trainer.callbacks import Callback, dispatch
 from olingo.trainer.callbacks.builtin.samples import RolloutSamples
 from olingo.trainer.loop import optimizer_step_groups
 from olingo.trainer.online import OLTrainer
-from olingo.trainer.ppo_eval import evaluate_policy
 from olingo.trainer.ppo_learner import PPOLearner, PPOLossConfig
-from olingo.trainer.utils import rng_state, set_rng_state
+from olingo.trainer.rl_support import (
+    held_out_eval,
+    load_policy_extras,
+    loader_states,
+    open_loaders,
+    save_policy_extras,
+)
 
 logger = logging.getLogger("olingo.trainer")
 
@@ -191,16 +196,7 @@ class PPOTrainer(OLTrainer):
         return super().fit(num_episodes, num_collect_steps, num_update_steps, prompt_dataloader, pretrain_dataloader, log_dir, use_wandb, eval_dataloader)
 
     def _before_fit(self, prompt_dataloader, pretrain_dataloader, log_dir, use_wandb, eval_dataloader) -> None:  # noqa: ANN001
-        if self.ptx_coef > 0 and pretrain_dataloader is None:
-            raise ValueError(
-                f"ptx_coef={self.ptx_coef} mixes in a pretraining (ptx) loss but fit() got no pretrain_dataloader: "
-                "pass one, or set ptx_coef=0.0 (seed 004's default of 0.9 assumes a pretrain dataset)"
-            )
-        self.prompts = CyclicLoader(prompt_dataloader)
-        self.pretrain = CyclicLoader(pretrain_dataloader) if pretrain_dataloader is not None and self.ptx_coef > 0 else None
-        for name, loader in (("prompts", self.prompts), ("pretrain", self.pretrain)):
-            if loader is not None and name in self._pending_loader_states:
-                loader.load_state_dict(self._pending_loader_states[name])
+        self.prompts, self.pretrain = open_loaders(self.ptx_coef, prompt_dataloader, pretrain_dataloader, self._pending_loader_states, "seed 004")
         self.eval_dataloader = eval_dataloader
         run_dir = Path(log_dir) if log_dir else self.save_dir
         samples = [RolloutSamples()] if run_dir is not None else []
@@ -282,63 +278,26 @@ class PPOTrainer(OLTrainer):
         return metrics
 
     def _rollout_metrics(self) -> dict[str, float]:
-        """The episode's experience statistics, averaged over its collect steps and over ranks
-        (every rank rolls out the same number of prompts, so means of means are exact means;
-        a `*_std` is the ranks' mean std)."""
-        infos = self._episode_rollout
-        metrics = {f"rollout/{key}": sum(info[key] for info in infos) / len(infos) for key in infos[0]} if infos else {}
-        if metrics:
-            values = self.actor_booster.plugin.all_reduce_mean(torch.tensor(list(metrics.values()), dtype=torch.float64, device=self.device))
-            metrics = dict(zip(metrics, values.tolist(), strict=True))
-        seconds = self._episode_timing["make_experience"]
-        metrics["time/make_experience"] = seconds
-        metrics["perf/tokens_per_s"] = self._episode_timing["tokens"] / seconds if seconds > 0 else 0.0
-        return metrics
+        timing = self._episode_timing
+        return episode_rollout_metrics(self._episode_rollout, timing["make_experience"], timing["tokens"], self.actor_booster.plugin, self.device)
 
     # ---- evaluation -----------------------------------------------------------------------------
     def _evaluate(self) -> dict[str, float] | None:
-        if self.eval_dataloader is None:
-            return None
-        self._place_inference_models(self.device)
-        plugin = self.actor_booster.plugin
-
-        def all_reduce_sum(totals: torch.Tensor) -> torch.Tensor:  # each rank evaluated its own shard
-            return plugin.all_reduce_sum(totals.to(self.device)).cpu()
-
-        with self.actor_booster.gathered(self.actor):  # ranks may hold different numbers of eval batches
-            metrics, samples = evaluate_policy(
-                self.experience_maker, self.eval_dataloader, self.eval_generation, accuracy_fn=self.accuracy_fn, all_reduce_sum=all_reduce_sum,
-            )
-        if self.state.output_dir is not None and self.coordinator.is_master:
-            out = self.state.output_dir / "eval"
-            out.mkdir(parents=True, exist_ok=True)
-            record = {"step": self.state.step, "metrics": metrics, "samples": samples[:16]}
-            (out / f"step_{self.state.step}.json").write_text(json.dumps(record, indent=2) + "\n")
-        return metrics
+        return held_out_eval(self, self.experience_maker)
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def _write_checkpoint(self, directory: Path) -> None:
         self.learner.save(directory)
-        if self.coordinator.is_master:
-            self.tokenizer.save_pretrained(str(directory / "actor"))
-        torch.save(rng_state(), directory / f"rng_rank{self.coordinator.rank}.pt")
-        if self.coordinator.is_master:
-            state = {
-                **self._loop_state(),
-                "loaders": {name: loader.state_dict() for name, loader in (("prompts", self.prompts), ("pretrain", self.pretrain)) if loader is not None},
-                "experience_maker": self.experience_maker.state_dict(),
-            }
-            (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        state = {**self._loop_state(), "loaders": loader_states(self.prompts, self.pretrain), "experience_maker": self.experience_maker.state_dict()}
+        save_policy_extras(directory, self.tokenizer, self.coordinator, state)
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Restore each piece to its own owner: actor weights into the actor (never the frozen
         reference), each optimizer and scheduler into its model's, plus RNG, the prompt and
         pretrain positions, the KL controller and reward statistics, counters and callbacks."""
         directory = Path(directory)
-        trainer_state = json.loads((directory / "trainer_state.json").read_text())
         self.learner.load(directory)
-        rng_file = directory / f"rng_rank{self.coordinator.rank}.pt"
-        set_rng_state(torch.load(rng_file if rng_file.exists() else directory / "rng_rank0.pt", weights_only=False))
+        trainer_state = load_policy_extras(directory, self.coordinator)
         self.experience_maker.load_state_dict(trainer_state["experience_maker"])
         self._pending_loader_states = trainer_state.get("loaders", {})
         self._load_loop_state(trainer_state)

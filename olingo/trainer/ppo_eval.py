@@ -16,7 +16,7 @@ from olingo.models.rlvr import RewardFn
 
 @torch.no_grad()
 def evaluate_policy(
-    maker: NaiveExperienceMaker,
+    maker: NaiveExperienceMaker | Any,
     loader: DataLoader,
     generation: GenerationSettings,
     *,
@@ -26,8 +26,10 @@ def evaluate_policy(
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Metrics over every prompt of `loader` and the per-prompt samples.
 
+    `maker`: anything with `rollout_and_score` (the PPO or the group experience maker).
     Metrics: reward (mean raw score) and reward_std, kl (mean over responses of the summed
-    per-token log-ratio to the reference model: the sequence KL estimate), response_length,
+    per-token log-ratio to the reference model: the sequence KL estimate; absent when the maker
+    has no reference model), response_length,
     truncated (share cut off without a stop) and, when `accuracy_fn` is given and prompts carry
     a gt_answer, accuracy (share with accuracy_fn(...) > 0). Sampling runs under its own seed
     inside `fork_rng`, so every evaluation draws the same noise (before/after comparisons are
@@ -37,12 +39,14 @@ def evaluate_policy(
     totals = torch.zeros(6, dtype=torch.float64)  # n, reward, reward^2, kl, length, truncated
     correct = torch.zeros(2, dtype=torch.float64)  # correct, scored
     samples: list[dict[str, Any]] = []
+    has_kl = True
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         for batch in loader:
             scored = maker.rollout_and_score(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), generation, batch.get("row_fields"))
             mask = scored.rollout.action_mask
-            kl = kl_estimate(scored.log_probs, scored.ref_log_probs, "k1", mask).sum(-1)
+            has_kl = scored.ref_log_probs is not None  # a run without a reference model has no KL to report
+            kl = kl_estimate(scored.log_probs, scored.ref_log_probs, "k1", mask).sum(-1) if has_kl else torch.zeros(len(mask))
             reward = scored.raw_score.double().cpu()
             totals += torch.tensor([len(reward), reward.sum(), (reward**2).sum(), kl.sum(), mask.sum(), scored.rollout.truncated.sum()], dtype=torch.float64)
             rows = scored.samples()
@@ -63,6 +67,8 @@ def evaluate_policy(
         "response_length": length_sum / n,
         "truncated": truncated / n,
     }
+    if not has_kl:
+        del metrics["kl"]
     if correct[1] > 0:
         metrics["accuracy"] = float(correct[0] / correct[1])
     return metrics, samples

@@ -28,7 +28,7 @@ from olingo.models.functional import (
     masked_mean,
 )
 from olingo.models.loss import GPTLMLoss, PolicyLoss, ValueLoss
-from olingo.trainer.checkpoint import load_trained, save_trained
+from olingo.trainer.learner import TrainedModel
 
 
 class PPOLossConfig(StrictModel):
@@ -40,49 +40,7 @@ class PPOLossConfig(StrictModel):
     ptx_coef: float = Field(0.0, ge=0, le=1, description="weight of the pretraining LM loss (needs data.pretrain); the policy loss gets 1 - ptx_coef")
 
 
-def _check_boosted(name: str, optim: Any) -> None:
-    if not isinstance(optim, OptimizerWrapper):
-        raise TypeError(f"{name}: pass the optimizer returned by booster.boost(...), not the raw torch optimizer")
-
-
-class _Trained:
-    """One trained model with its booster, optimizer and scheduler, saved under `name`."""
-
-    name: str
-
-    def __init__(self, booster: Booster, model: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any) -> None:
-        _check_boosted(f"{self.name}_optim", optim)
-        self.booster, self.model, self.optim, self.scheduler = booster, model, optim, scheduler
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.booster.backward(loss, self.optim)
-
-    def step(self) -> dict[str, float]:
-        """Optimizer and scheduler step; the learning rate used and the gradient norm."""
-        lr = self.optim.param_groups[0]["lr"]
-        self.optim.step()
-        self.optim.zero_grad()
-        if self.scheduler is not None:
-            self.scheduler.step()
-        return {f"train/{self.name}_lr": lr, f"train/{self.name}_grad_norm": self.optim.grad_norm}
-
-    def no_sync(self) -> Any:
-        return self.booster.no_sync(self.model, self.optim)
-
-    def save(self, directory: Path) -> None:
-        """`<name>/` (HF directory), its optimizer (`save_trained`) and scheduler."""
-        save_trained(self.booster, directory, self.name, self.model, self.optim, f"{self.name}_optimizer")
-        if self.scheduler is not None:
-            self.booster.save_lr_scheduler(self.scheduler, directory / f"{self.name}_scheduler.pt")
-
-    def load(self, directory: Path) -> None:
-        """Each piece from its own file: never another model's into this one."""
-        load_trained(self.booster, directory, self.name, self.model, self.optim, f"{self.name}_optimizer")
-        if self.scheduler is not None:
-            self.booster.load_lr_scheduler(self.scheduler, directory / f"{self.name}_scheduler.pt")
-
-
-class PolicyLearner(_Trained):
+class PolicyLearner(TrainedModel):
     """The actor: clipped policy loss, plus `ptx_coef` x the LM loss of a pretrain batch when
     one is given (`apply_loss_mask`: only its `loss_mask` tokens count, as in SFT)."""
 
@@ -120,7 +78,7 @@ class PolicyLearner(_Trained):
         return self.ptx_loss_fn(logits, batch["input_ids"], mask)
 
 
-class CriticLearner(_Trained):
+class CriticLearner(TrainedModel):
     """The critic: clipped value loss around the rollout-time values, times `vf_coef`."""
 
     name = "critic"
@@ -170,7 +128,7 @@ class PPOLearner:
     def critic(self) -> torch.nn.Module | None:
         return self.critic_learner.model if self.critic_learner is not None else None
 
-    def _learners(self) -> list[_Trained]:
+    def _learners(self) -> list[TrainedModel]:
         return [self.policy] + ([self.critic_learner] if self.critic_learner is not None else [])
 
     def train(self) -> None:

@@ -1,0 +1,266 @@
+"""`GroupExperienceMaker`: G responses per prompt, scored, with critic-free group advantages.
+
+One collect step of the GRPO family, as the algorithm reads (Shao et al. 2024; DAPO, Yu et al. 2025):
+    1. each prompt G times in a row (a group), generated in chunks of at most
+       `inference_batch_size` sequences, so memory does not grow with G
+    2. log pi_old of the response tokens, only when a learner step will need it (several
+       updates per batch, or the KL in the reward); log pi_ref only with a reference model
+       (kl_coef > 0); both forwards chunked by `logits_forward_batch_size`
+    3. the sequence score (reward functions and/or a reward model) plus DAPO's soft overlong
+       punishment
+    -> `sample` returns the batch without advantages: dynamic sampling may still drop groups
+       and draw more prompts (the trainer does that)
+    4. `finish`: advantages of the final batch from the estimator (grpo, dr_grpo, rloo,
+       reinforce_pp); batch-level statistics (REINFORCE++ whitening) see exactly the rows
+       that will be trained on, on every rank
+The maths is in `olingo.models.functional`; this module wires models to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from olingo.config import StrictModel
+from olingo.engines import GenerationSettings, HFEngine, RolloutEngine, concat_rollouts
+from olingo.experience_maker.advantages import (
+    AdvantageInputs,
+    GroupEstimator,
+    build_group_estimator,
+)
+from olingo.experience_maker.experience import (
+    BufferItem,
+    Experience,
+    experience_info,
+    make_experience_batch,
+    split_experience_batch,
+)
+from olingo.experience_maker.naive import ScoredRollout, _on, action_log_probs, score_rollout
+from olingo.models.functional import AllReduceSum, kl_estimate, overlong_penalty, per_token_rewards
+from olingo.models.rewards import CompositeReward
+
+
+class GroupExperienceConfig(StrictModel):
+    """How groups of rollouts become experience: the `experience:` section of `olingo grpo`."""
+
+    num_generations: int = Field(8, ge=2, description="G: responses sampled per prompt (a group)")
+    advantage: GroupEstimator = Field(
+        "grpo", description="grpo: (r - group mean) / (group std + eps); dr_grpo: r - group mean; rloo: r - mean of the other G-1; "
+        "reinforce_pp: reward-to-go whitened over the batch (see docs/algorithms.md)",
+    )
+    std_eps: float = Field(1e-6, gt=0, description="grpo: added to the group std before dividing")
+    group_baseline: bool = Field(True, description="reinforce_pp: subtract the group mean score first (REINFORCE++-baseline)")
+    kl_coef: float = Field(0.0, ge=0, description="KL-to-reference coefficient (beta); 0: no reference model is loaded or run")
+    kl_penalty: Literal["loss", "reward"] = Field("loss", description="the KL as a loss term (GRPO) or as a per-token reward penalty")
+    kl_estimator: Literal["k1", "k2", "k3"] | None = Field(None, description="per-token KL estimator (default: k3 in the loss, k1 in the reward)")
+    overlong_buffer: int = Field(0, ge=0, description="DAPO soft overlong punishment: the last N tokens before max_new_tokens are penalised linearly, down to -overlong_penalty (0: off)")
+    overlong_penalty: float = Field(1.0, ge=0, description="the penalty at max_new_tokens (scales DAPO's -1)")
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose scores are all equal and sample more prompts until the batch is full")
+    max_resample_rounds: int = Field(3, ge=0, description="dynamic sampling: extra prompt batches drawn per collect step at most; then train on what there is")
+    inference_batch_size: int | None = Field(None, ge=1, description="sequences per generate call (default: the whole rollout batch x G)")
+    logits_forward_batch_size: int | None = Field(None, ge=1, description="sequences per forward when scoring old and reference log-probs (default: all at once)")
+
+    @property
+    def estimator_name(self) -> str:
+        return self.kl_estimator or ("k3" if self.kl_penalty == "loss" else "k1")
+
+
+class GroupExperienceMaker:
+    """Makes experience in whole groups from prompt batches, without a critic.
+
+    Args:
+        actor: the policy (unwrapped), sampled from through `engine` (default `HFEngine`).
+        reward: a reward model (scored at the last real token) or a `CompositeReward`.
+        reference: the frozen initial model, or None (kl_coef 0: nothing to compare with).
+        config: `GroupExperienceConfig`.
+        generation: sampling settings; `max_new_tokens` is also the overlong limit.
+        needs_old_log_probs: compute log pi_old at rollout time. The trainer turns it off when
+            every batch is learnt in one optimizer step (the ratio is then exactly 1).
+        all_reduce_sum: sums over data-parallel ranks, for batch statistics in `finish`.
+    """
+
+    def __init__(
+        self, actor: nn.Module, reward: nn.Module | CompositeReward, reference: nn.Module | None, tokenizer: Any, *,
+        config: GroupExperienceConfig | None = None, generation: GenerationSettings | None = None, engine: RolloutEngine | None = None,
+        needs_old_log_probs: bool = True, all_reduce_sum: AllReduceSum | None = None,
+    ) -> None:
+        self.config = config or GroupExperienceConfig()
+        if self.config.kl_coef > 0 and reference is None:
+            raise ValueError(f"kl_coef={self.config.kl_coef} needs a reference model; pass one, or set kl_coef=0")
+        self.actor, self.reward, self.reference, self.tokenizer = actor, reward, reference, tokenizer
+        self.generation = generation or GenerationSettings()
+        self.engine = engine or HFEngine(actor, tokenizer)
+        self.needs_old_log_probs = needs_old_log_probs
+        self.all_reduce_sum = all_reduce_sum
+        self.group_size = self.config.num_generations
+        self.estimator = build_group_estimator(
+            self.config.advantage, self.group_size, eps=self.config.std_eps, group_baseline=self.config.group_baseline, all_reduce_sum=all_reduce_sum,
+        )
+        self.last_samples: list[dict[str, Any]] = []
+
+    @property
+    def temperature(self) -> float:
+        return self.generation.temperature if self.generation.do_sample else 1.0
+
+    @property
+    def kl_in_reward(self) -> bool:
+        return self.reference is not None and self.config.kl_penalty == "reward"
+
+    # ---- 1-3: generate, log-probs, score ---------------------------------------------------------
+    @torch.no_grad()
+    def rollout_and_score(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gt_answers: list[str | None] | None = None,
+        generation: GenerationSettings | None = None, row_fields: dict[str, list[Any]] | None = None, *, n: int = 1,
+        with_old_log_probs: bool | None = None,
+    ) -> ScoredRollout:
+        """`n` responses to each of the B prompts (prompt-major), log-probs and raw scores.
+
+        Evaluation calls it with n=1: the policy's log-probs are then computed only when there
+        is a reference model to compare them with (the KL metric)."""
+        settings = generation or self.generation
+        device = next(self.actor.parameters()).device
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        per_call = max(1, (self.config.inference_batch_size or input_ids.shape[0] * n) // n)  # prompts per generate call
+        chunks = [
+            self.engine.generate(input_ids[i : i + per_call], attention_mask[i : i + per_call], settings, n=n)
+            for i in range(0, input_ids.shape[0], per_call)
+        ]
+        rollout = concat_rollouts(chunks, self.tokenizer.pad_token_id)
+        rollout = dataclasses.replace(rollout, **{k: getattr(rollout, k).to(device) for k in ("sequences", "attention_mask", "action_mask", "truncated")})
+        temperature = settings.temperature if settings.do_sample else 1.0
+        wants_old = self.reference is not None if with_old_log_probs is None else with_old_log_probs
+        log_probs = ref_log_probs = None
+        if wants_old:
+            log_probs = rollout.log_probs.to(device) if rollout.log_probs is not None else self._log_probs(self.actor, rollout, temperature)
+        if self.reference is not None:
+            ref_log_probs = self._log_probs(self.reference, rollout, temperature).to(device)
+        prompts = input_ids.repeat_interleave(n, dim=0) if n > 1 else input_ids
+        gt_answers = [g for g in gt_answers for _ in range(n)] if gt_answers is not None else None
+        row_fields = {k: [v for v in values for _ in range(n)] for k, values in row_fields.items()} if row_fields else row_fields
+        return score_rollout(self.reward, self.tokenizer, prompts, rollout, gt_answers, row_fields, log_probs, ref_log_probs)
+
+    def _log_probs(self, model: nn.Module, rollout: Any, temperature: float) -> torch.Tensor:
+        """log pi(response tokens) under `model`, `logits_forward_batch_size` rows at a time: (B, A)."""
+        seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
+        step = self.config.logits_forward_batch_size or seq.shape[0]
+        parts = [action_log_probs(model, *_on(model, seq[i : i + step], mask[i : i + step]), num_actions, temperature) for i in range(0, seq.shape[0], step)]
+        return torch.cat(parts).to(seq.device)
+
+    @torch.no_grad()
+    def sample(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gt_answers: list[str | None] | None = None, policy_version: int = 0,
+        row_fields: dict[str, list[Any]] | None = None,
+    ) -> Experience:
+        """B prompts -> B x G scored rollouts, groups contiguous; `advantages` is None until `finish`."""
+        needs_policy = self.needs_old_log_probs or self.kl_in_reward
+        scored = self.rollout_and_score(input_ids, attention_mask, gt_answers, None, row_fields, n=self.group_size, with_old_log_probs=needs_policy)
+        rollout, cfg = scored.rollout, self.config
+        action_mask = rollout.action_mask
+        kl = None
+        if scored.ref_log_probs is not None:
+            policy = scored.log_probs if scored.log_probs is not None else self._log_probs(self.actor, rollout, self.temperature)
+            kl = kl_estimate(policy, scored.ref_log_probs, cfg.estimator_name, action_mask)
+        lengths = action_mask.sum(-1)
+        score = scored.raw_score.float() + cfg.overlong_penalty * overlong_penalty(lengths, self.generation.max_new_tokens, cfg.overlong_buffer).to(scored.raw_score.device)
+        kl_coef = cfg.kl_coef if self.kl_in_reward else 0.0
+        rewards = per_token_rewards(score, kl if kl is not None else torch.zeros(action_mask.shape, device=score.device), action_mask, kl_coef, "last")
+        experience = Experience(
+            sequences=rollout.sequences, attention_mask=rollout.attention_mask, action_mask=action_mask,
+            action_log_probs=scored.log_probs if self.needs_old_log_probs else None,
+            base_action_log_probs=scored.ref_log_probs, kl=kl, rewards=rewards, advantages=None,
+            score=score, raw_score=scored.raw_score, truncated=rollout.truncated, policy_version=policy_version,
+        )
+        experience.info = {**experience_info(experience), "group_reward_std": _mean_group_std(scored.raw_score.float(), self.group_size)}
+        experience.info.update({f"reward/{name}": float(v.float().mean()) for name, v in scored.reward_terms.items()})
+        self.last_samples = scored.samples()
+        return experience
+
+    # ---- 4: advantages of the final batch ---------------------------------------------------------
+    @torch.no_grad()
+    def finish(self, experience: Experience) -> Experience:
+        """The batch with its advantages, from the estimator over whole groups."""
+        if experience.batch_size % self.group_size:
+            raise ValueError(f"a batch of {experience.batch_size} rollouts is not whole groups of {self.group_size}")
+        kl_rewards = None
+        if self.kl_in_reward and experience.kl is not None:
+            kl_rewards = torch.where(experience.action_mask, -self.config.kl_coef * experience.kl, torch.zeros_like(experience.kl))
+        advantages, _ = self.estimator(AdvantageInputs(experience.rewards, experience.score, experience.action_mask, None, kl_rewards))
+        return dataclasses.replace(experience, advantages=advantages)
+
+
+def groups_with_signal(score: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) scores -> (B/G,) bool: the groups whose scores are not all equal (DAPO's dynamic
+    sampling keeps only these: an all-equal group has zero advantage under every estimator)."""
+    groups = score.view(-1, group_size)
+    return (groups != groups[:, :1]).any(dim=-1)
+
+
+@dataclass
+class GroupCollection:
+    """What dynamic sampling gathered: the kept groups' rows (unpadded, in group order), the
+    diagnostics of every sampled batch, and counts."""
+
+    group_size: int
+    items: list[BufferItem] = field(default_factory=list)
+    infos: list[dict[str, float]] = field(default_factory=list)
+    sampled_groups: int = 0
+    rounds: int = 0
+    tokens: float = 0.0
+    last: Experience | None = None
+
+    @property
+    def kept_groups(self) -> int:
+        return len(self.items) // self.group_size
+
+    def batch(self, groups: int, pad_token_id: int) -> Experience:
+        """The first `groups` kept groups as one batch; with none, the last sampled batch (its
+        advantages will be 0: only a KL term can move the policy on it)."""
+        if groups == 0:
+            return self.last
+        return make_experience_batch(self.items[: groups * self.group_size], pad_token_id)
+
+    def info(self, kept: int) -> dict[str, float]:
+        """The sampled batches' mean diagnostics plus the dynamic-sampling counts."""
+        info = {key: sum(i[key] for i in self.infos) / len(self.infos) for key in self.infos[0]} if self.infos else {}
+        return {**info, "dynamic_sampling/kept_groups": float(kept), "dynamic_sampling/sampled_groups": float(self.sampled_groups), "dynamic_sampling/rounds": float(self.rounds)}
+
+
+def collect_groups(
+    draw: Callable[[], Experience], skip: Callable[[], None], group_size: int, target: int, max_resample_rounds: int,
+    all_full: Callable[[bool], bool] = lambda full: full,
+) -> GroupCollection:
+    """DAPO's dynamic sampling (Yu et al. 2025, section 3.2): groups whose scores all agree have
+    advantage 0 and are dropped; batches are drawn (`draw`: sample one prompt batch) until
+    `target` groups are kept or `max_resample_rounds` extra batches were drawn.
+
+    `all_full(full)` says whether every data-parallel rank is full (identity in one process):
+    ranks then draw in lockstep, a full rank calling `skip` (advance its prompt stream without
+    generating) while others still draw, so every rank's prompt position stays the same."""
+    collection = GroupCollection(group_size)
+    for _ in range(1 + max_resample_rounds):
+        full = collection.kept_groups >= target
+        if all_full(full):
+            break
+        collection.rounds += 1
+        if full:
+            skip()
+            continue
+        experience = draw()
+        collection.last = experience
+        collection.infos.append(experience.info)
+        collection.tokens += float(experience.action_mask.sum())
+        collection.sampled_groups += experience.batch_size // group_size
+        items = split_experience_batch(experience)
+        for g in groups_with_signal(experience.score, group_size).nonzero().flatten().tolist():
+            collection.items.extend(items[g * group_size : (g + 1) * group_size])
+    return collection
+
+
+def _mean_group_std(score: torch.Tensor, group_size: int) -> float:
+    return float(score.view(-1, group_size).std(dim=-1, unbiased=False).mean())

@@ -1,0 +1,143 @@
+"""`DetachedGRPOTrainer`: the GRPO family's learn phase as a Ray actor, fed by group makers.
+
+The makers (`ExperienceMakerHolder` with `making=GroupMaking(...)`) send whole groups with their
+advantages already computed, so the trainer needs no critic and no group structure: per batch
+popped from the buffer it takes one optimizer step exactly as single-process `GRPOTrainer`
+does (`GRPOLearner`):
+    1. split the batch into micro-batches of `micro_batch_size` rollouts (the single-process
+       minibatches of one optimizer step; None: the whole batch at once)
+    2. count the step's loss units over all of them (`step_units`: tokens or responses)
+    3. forward/backward each micro-batch's share of that step-global loss
+    4. clip, optimizer and scheduler step
+So `train_batch_size = loop.train_batch_size x loop.accumulation_steps` with
+`micro_batch_size = loop.train_batch_size` gives the gradient single-process GRPO takes.
+After every episode only the actor's weights go to the makers (under LoRA only its adapters).
+Checkpoints hold the actor (HF directory, optimizer, scheduler), RNG and `trainer_state.json`:
+nothing of a critic or a reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from olingo.booster import Booster, SingleProcessPlugin
+from olingo.experience_maker import Experience, make_experience_batch, split_experience_batch
+from olingo.experience_maker.group import GroupExperienceConfig
+from olingo.ray.detached_trainer_base import TRAINER_CONCURRENCY, DetachedTrainer
+from olingo.trainer.callbacks import Callback
+from olingo.trainer.grpo_learner import GRPOLearner, GRPOLossConfig
+
+
+def default_grpo_optim_fn(actor_lr: float) -> Callable[[torch.nn.Module], tuple]:
+    """AdamW at a constant learning rate over the actor's trainable tensors (no schedule)."""
+
+    def build(actor: torch.nn.Module) -> tuple:
+        return torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=actor_lr), None
+
+    return build
+
+
+def micro_batches(experience: Experience, size: int | None, pad_token_id: int) -> list[Experience]:
+    """The rows of `experience` in consecutive micro-batches of `size` rollouts, each padded
+    only as far as its own rows need (as single-process minibatches are); None: the batch."""
+    if size is None or size >= experience.batch_size:
+        return [experience]
+    items = split_experience_batch(experience)
+    return [make_experience_batch(items[i : i + size], pad_token_id) for i in range(0, len(items), size)]
+
+
+@ray.remote(concurrency_groups=TRAINER_CONCURRENCY)
+class DetachedGRPOTrainer(DetachedTrainer):
+    """GRPO / Dr. GRPO / DAPO / RLOO / REINFORCE++ trainer actor on `GRPOLearner` (no critic).
+
+    Args (beyond `DetachedTrainer`'s, which pass through `**trainer_kwargs`):
+        model_fn: () -> actor, built inside the actor: the architecture the makers build, since
+            weights are synced by exact key.
+        train_batch_size: rollouts per buffer batch, which is one optimizer step.
+        micro_batch_size: rollouts per forward/backward within the step (None: all of them).
+        experience_config: the makers' `GroupExperienceConfig`: the KL coefficient, estimator
+            and placement the loss needs (the KL is a loss term only with kl_penalty "loss").
+        loss_config: `GRPOLossConfig` (clipping, aggregation; ptx_coef must be 0: no pretrain data).
+        max_new_tokens: the makers' generation limit (Dr. GRPO's constant normaliser).
+        temperature: the makers' sampling temperature (log-probs are compared at it); `fit`
+            checks that every maker samples at it.
+        optim_fn: actor -> (optimizer, scheduler or None) with a raw torch optimizer; default
+            AdamW at `actor_lr`.
+        max_grad_norm: gradient clipping (None: off).
+        tokenizer_fn: () -> tokenizer, saved next to the actor in checkpoints.
+    """
+
+    def __init__(
+        self,
+        experience_maker_holder_name_list: list[str],
+        model_fn: Callable[[], torch.nn.Module],
+        train_batch_size: int = 8,
+        buffer_limit: int = 0,
+        dataloader_pin_memory: bool = True,
+        callbacks: Sequence[Callback] = (),
+        debug: bool = False,
+        *,
+        micro_batch_size: int | None = None,
+        experience_config: GroupExperienceConfig | None = None,
+        loss_config: GRPOLossConfig | None = None,
+        max_new_tokens: int | None = None,
+        temperature: float = 1.0,
+        optim_fn: Callable[[torch.nn.Module], tuple] | None = None,
+        actor_lr: float = 1e-6,
+        max_grad_norm: float | None = 1.0,
+        tokenizer_fn: Callable[[], Any] | None = None,
+        seed: int = 0,
+        **trainer_kwargs: Any,
+    ) -> None:
+        super().__init__(experience_maker_holder_name_list, train_batch_size, buffer_limit, dataloader_pin_memory, callbacks, debug, **trainer_kwargs)
+        loss_config, experience_config = loss_config or GRPOLossConfig(), experience_config or GroupExperienceConfig()
+        if loss_config.ptx_coef > 0:
+            raise ValueError("loss_config.ptx_coef must be 0: the trainer actor has no pretrain data")
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
+        torch.manual_seed(seed)
+        actor = model_fn()
+        optim, scheduler = (optim_fn or default_grpo_optim_fn(actor_lr))(actor)
+        booster = Booster(SingleProcessPlugin(max_grad_norm))
+        actor, optim, _, _, scheduler = booster.boost(actor, optim, lr_scheduler=scheduler)
+        self.learner = GRPOLearner(
+            booster, actor, optim, scheduler, loss_config, kl_coef=experience_config.kl_coef, kl_estimator=experience_config.estimator_name,
+            kl_in_loss=experience_config.kl_penalty == "loss", max_length=max_new_tokens,
+        )
+        self.device = self.learner.device
+        self.micro_batch_size, self.temperature = micro_batch_size, temperature
+        self.tokenizer = tokenizer_fn() if tokenizer_fn is not None else None
+
+    def training_step(self, experience: Experience) -> dict[str, Any]:
+        """One optimizer step on one buffer batch, its loss normalised over all its micro-batches."""
+        self.learner.train()
+        group = [mb.to_device(self.device) for mb in micro_batches(experience, self.micro_batch_size, self.detached_replay_buffer.pad_token_id)]
+        units = self.learner.step_units(group)
+        stats = [self.learner.training_step(mb, units, len(group), self.temperature) for mb in group]
+        return self.learner.optimizer_step(stats)
+
+    def _update_remote_makers(self, fully_update: bool = False, **kwargs: Any) -> None:
+        """The actor's weights (no critic exists) into the object store once; every maker loads them."""
+        self._push_weights(kwargs.get("makers") or self.target_holder_list, self.learner.booster.unwrap(self.learner.actor), None, kwargs["policy_version"])
+
+    def _connect_makers(self) -> None:
+        super()._connect_makers()
+        self._check_maker_temperature(self.temperature)
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def _write_checkpoint(self, directory: Path) -> None:
+        """actor/ (HF directory + tokenizer), its optimizer and scheduler, RNG, trainer state."""
+        self.learner.save(directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(directory / "actor"))
+        self._write_trainer_state(directory)
+
+    def load_checkpoint(self, directory: str) -> int:
+        """Restore the actor, its optimizer and scheduler, RNG and counters; the makers get their
+        prompt positions back when `fit` connects to them. Returns the restored step."""
+        return self._load_trainer_state(Path(directory), self.learner.load)

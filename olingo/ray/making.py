@@ -1,0 +1,129 @@
+"""What an `ExperienceMakerHolder` makes: the strategy that turns prompt batches into experience.
+
+The holder (actor lifecycle, working loop, sends, weight syncs, evaluation) is the same for
+every algorithm; only these four steps differ, so they are a small strategy object the holder
+is given (pickled on the driver, `build` called inside the actor):
+
+    build(models, tokenizer, generation, engine_fn) -> maker   the experience maker on the models
+    make(maker, batch, next_batch, policy_version)  -> batch   one batch of experience to send
+    state_dict(maker) / load_state_dict(maker, state)          what a checkpoint keeps of the maker
+
+`PPOMaking` (the default) builds `NaiveExperienceMaker` over (actor, critic, reward, reference).
+`GroupMaking` builds `GroupExperienceMaker` over (actor, reward, reference or None) for the GRPO
+family: each prompt batch becomes whole groups of G rows, contiguous, with their advantages
+already computed (`sample` then `finish`), so a trainer may split the rows as it likes.
+No ray here: both are plain, picklable configuration plus code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from olingo.engines import GenerationSettings, RolloutEngine
+from olingo.experience_maker import (
+    Experience,
+    ExperienceConfig,
+    NaiveExperienceMaker,
+    RewardShaping,
+)
+from olingo.experience_maker.group import (
+    GroupExperienceConfig,
+    GroupExperienceMaker,
+    collect_groups,
+)
+
+EngineFn = Callable[[Any, Any], RolloutEngine]
+PromptBatch = dict[str, Any]
+
+
+class PPOMaking:
+    """PPO experience: `NaiveExperienceMaker` over the four models `model_fn` returns
+    (actor, critic, reward, reference). Its state: the KL controller and reward statistics."""
+
+    def __init__(self, kl_coef: float | None = None, config: ExperienceConfig | None = None, shaping: RewardShaping | None = None) -> None:
+        self.kl_coef, self.config, self.shaping = kl_coef, config, shaping
+        self.counts: dict[str, float] = {}  # nothing beyond the holder's own counts
+
+    def build(self, models: tuple, tokenizer: Any, generation: GenerationSettings, engine_fn: EngineFn | None) -> NaiveExperienceMaker:
+        actor, critic, reward_model, initial_model = models
+        return NaiveExperienceMaker(
+            actor.eval(), critic.eval(), reward_model, initial_model, tokenizer, self.kl_coef,
+            config=self.config, shaping=self.shaping, generation=generation,
+            engine=engine_fn(actor, tokenizer) if engine_fn is not None else None,
+        )
+
+    def make(self, maker: NaiveExperienceMaker, batch: PromptBatch, next_batch: Callable[[], PromptBatch], policy_version: int) -> Experience:
+        return maker.make_experience(
+            batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=policy_version, row_fields=batch.get("row_fields"),
+        )
+
+    def state_dict(self, maker: NaiveExperienceMaker) -> dict[str, Any]:
+        return maker.state_dict()
+
+    def load_state_dict(self, maker: NaiveExperienceMaker, state: dict[str, Any]) -> None:
+        maker.load_state_dict(state)
+
+
+class GroupMaking:
+    """GRPO-family experience: `GroupExperienceMaker` over (actor, reward, reference or None).
+
+    Per prompt batch of B prompts: B x G rollouts (`sample`), and with DAPO's dynamic sampling
+    (`config.dynamic_sampling`) only the groups whose scores differ, drawing up to
+    `max_resample_rounds` more prompt batches until B groups are kept (else what was kept; if
+    none, the last batch, whose advantages are 0); then advantages (`finish`).
+
+    Args:
+        config: the `GroupExperienceConfig` (the `experience:` section).
+        needs_old_log_probs: store log pi_old with the rollouts. Needed whenever the trainer's
+            weights may have moved on from the maker's when it learns on a batch (several
+            steps per sync, several passes, or stale batches allowed); without it the ratio is 1.
+    """
+
+    def __init__(self, config: GroupExperienceConfig, needs_old_log_probs: bool = True) -> None:
+        self.config, self.needs_old_log_probs = config, needs_old_log_probs
+        self.counts: dict[str, float] = {"sampled_groups": 0, "kept_groups": 0} if config.dynamic_sampling else {}
+
+    def build(self, models: tuple, tokenizer: Any, generation: GenerationSettings, engine_fn: EngineFn | None) -> GroupExperienceMaker:
+        actor, reward, reference = models
+        if self.config.kl_coef > 0 and reference is None:
+            raise ValueError(f"experience.kl_coef={self.config.kl_coef} needs a reference model, and model_fn returned none")
+        return GroupExperienceMaker(
+            actor.eval(), reward, reference if self.config.kl_coef > 0 else None, tokenizer, config=self.config, generation=generation,
+            engine=engine_fn(actor, tokenizer) if engine_fn is not None else None, needs_old_log_probs=self.needs_old_log_probs,
+        )
+
+    def make(self, maker: GroupExperienceMaker, batch: PromptBatch, next_batch: Callable[[], PromptBatch], policy_version: int) -> Experience:
+        if not self.config.dynamic_sampling:
+            return maker.finish(self._sample(maker, batch, policy_version))
+        return maker.finish(self._collect_groups(maker, batch, next_batch, policy_version))
+
+    def _sample(self, maker: GroupExperienceMaker, batch: PromptBatch, policy_version: int) -> Experience:
+        return maker.sample(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=policy_version, row_fields=batch.get("row_fields"))
+
+    def _collect_groups(self, maker: GroupExperienceMaker, batch: PromptBatch, next_batch: Callable[[], PromptBatch], policy_version: int) -> Experience:
+        """DAPO's dynamic sampling (`collect_groups`) for this maker alone: no ranks to agree with."""
+        batches = iter([batch])
+        draw = lambda: self._sample(maker, next(batches, None) or next_batch(), policy_version)  # noqa: E731 - the given batch first
+        collection = collect_groups(draw, next_batch, maker.group_size, batch["input_ids"].shape[0], self.config.max_resample_rounds)
+        groups = min(collection.kept_groups, batch["input_ids"].shape[0])
+        self.counts["sampled_groups"] += collection.sampled_groups
+        self.counts["kept_groups"] += groups
+        experience = collection.batch(groups, maker.tokenizer.pad_token_id or 0)
+        experience.info = collection.info(groups)
+        return experience
+
+    def state_dict(self, maker: GroupExperienceMaker) -> dict[str, Any]:
+        return {}  # no KL controller, no running reward statistics: nothing to resume
+
+    def load_state_dict(self, maker: GroupExperienceMaker, state: dict[str, Any]) -> None:
+        pass
+
+
+def models_on(models: tuple, device: torch.device) -> None:
+    """Every model `model_fn` returned onto the maker's device (None: a model not built)."""
+    for model in models:
+        if model is not None:
+            model.to(device)

@@ -1,0 +1,77 @@
+"""The typed config of `olingo grpo`: one section per component (DESIGN.md §8).
+
+`experience` goes to the group experience maker, `loss` to the learner, `loop` to the trainer's
+loop, `generation` to the rollout engine, `reward` to the reward. No critic section exists:
+the GRPO family trains none. Shared by the single-process recipe (`olingo.recipes.grpo`) and the
+Ray one (`olingo.recipes.grpo_ray`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from olingo.config import StrictModel
+from olingo.experience_maker.group import GroupExperienceConfig
+from olingo.ray.config import RayConfig
+from olingo.recipes.common import (
+    CallbackSpec,
+    LoggingConfig,
+    LoraSettings,
+    OptimizerConfig,
+    PluginConfig,
+    RunConfig,
+)
+from olingo.recipes.ppo_config import GenerationConfig, PPODataConfig
+from olingo.recipes.rewards import RewardSource
+from olingo.trainer.grpo_learner import GRPOLossConfig
+
+
+class GRPOModelConfig(StrictModel):
+    """The policy and, when the KL term is on, its frozen reference."""
+
+    actor: str = Field("builtin:tiny-llama", description="the policy to train: an SFT model directory or hub id")
+    reference: str | None = Field(None, description="frozen reference model for the KL term (default: actor); not loaded when experience.kl_coef is 0")
+    tokenizer: str | None = Field(None, description="tokenizer directory (default: actor)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
+    trust_remote_code: bool = Field(False, description="allow model code from the hub")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters via peft for the actor (lora.r > 0); the reference stays full")
+
+
+class GRPOLoopConfig(StrictModel):
+    """The GRPO loop: how much to collect, how to walk it, when to checkpoint and evaluate."""
+
+    episodes: int = Field(10, ge=1, description="collect-then-learn rounds")
+    collect_steps: int = Field(1, ge=1, description="prompt batches collected per episode")
+    update_steps: int = Field(1, ge=1, description="mu: passes over each episode's rollouts (DAPO/TRL num_iterations); 1 with one optimizer step per episode needs no pi_old forward")
+    rollout_batch_size: int = Field(8, ge=1, description="prompts per collect step per process (each answered experience.num_generations times)")
+    train_batch_size: int = Field(16, ge=1, description="rollouts per minibatch per process")
+    accumulation_steps: int = Field(1, ge=1, description="minibatches per optimizer step")
+    buffer_limit: int = Field(0, ge=0, description="keep at most this many rollouts (0: all of the episode)")
+    sample_buffer: bool = Field(False, description="train on randomly sampled minibatches instead of full passes")
+    offload_inference_models: bool = Field(True, description="keep reference and reward models on CPU while learning")
+    save_interval: int = Field(0, ge=0, description="checkpoint at the end of the episode reaching every N optimizer steps (0: final only)")
+    eval_interval: int = Field(0, ge=0, description="evaluate on eval_prompts at the end of the episode reaching every N optimizer steps")
+    eval_batch_size: int = Field(64, ge=1, description="prompts per evaluation batch")
+    eval_temperature: float | None = Field(None, gt=0, description="sampling temperature for evaluation (default: the rollout temperature)")
+    accuracy_function: str | None = Field(None, description="reward function counted as accuracy in evaluation (e.g. arithmetic_exact, math_answer)")
+
+
+class GRPOConfig(StrictModel):
+    """GRPO and its family (`olingo grpo`): Dr. GRPO, DAPO, RLOO, REINFORCE++ by settings."""
+
+    run: RunConfig = Field(default_factory=lambda: RunConfig(name="grpo"), description="run directory, seed, resume")
+    model: GRPOModelConfig = Field(default_factory=GRPOModelConfig, description="policy and reference")
+    reward: RewardSource = Field(default_factory=lambda: RewardSource(functions={"arithmetic_exact": 1.0}), description="reward functions and/or a reward model")
+    data: PPODataConfig = Field(default_factory=PPODataConfig, description="prompts")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="rollout sampling")
+    experience: GroupExperienceConfig = Field(default_factory=GroupExperienceConfig, description="groups, advantage estimator, KL, dynamic sampling, overlong punishment")
+    loss: GRPOLossConfig = Field(default_factory=GRPOLossConfig, description="clipping, aggregation, ptx")
+    loop: GRPOLoopConfig = Field(default_factory=GRPOLoopConfig, description="episodes, batch sizes, checkpoints, evaluation")
+    actor_optim: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(lr=1e-6), description="policy optimisation")
+    plugin: PluginConfig = Field(default_factory=PluginConfig, description="parallel strategy")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="loggers")
+    callbacks: list[CallbackSpec] = Field(default_factory=list, description="extra callbacks, [{kind, params}]")
+    ray: RayConfig = Field(default_factory=RayConfig, description="detached mode on Ray (rollout workers and trainer as actors)")

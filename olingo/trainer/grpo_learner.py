@@ -1,0 +1,135 @@
+"""The learn half of the GRPO family: one policy, no critic.
+
+`GRPOLearner` owns the actor (booster, optimizer, scheduler) and the `GroupPolicyLoss`. One
+optimizer step, as the maths reads:
+    1. count the step's loss units (tokens for token_mean, responses otherwise) over every
+       micro-batch and every data-parallel rank (`step_units`)
+    2. per micro-batch: the loss share = sum of its token losses / that count, times the world
+       size (data parallelism averages gradients over ranks), plus the ptx LM loss when asked;
+       backward
+    3. clip, optimizer and scheduler step
+So batch 8 x accumulation 1, batch 2 x accumulation 4 and 2 ranks x batch 4 give the gradient
+of one batch of 8 (REFERENCE.md D1). Shared by `GRPOTrainer` and Ray's `DetachedGRPOTrainer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from olingo.booster import Booster, OptimizerWrapper
+from olingo.config import StrictModel
+from olingo.experience_maker import Experience, policy_logits
+from olingo.models.functional import (
+    KLEstimator,
+    LossAggregation,
+    entropy_from_logits,
+    log_probs_from_logits,
+    loss_units,
+    masked_mean,
+)
+from olingo.models.loss import GPTLMLoss, GroupPolicyLoss
+from olingo.trainer.learner import TrainedModel
+
+# Stats that are shares of the step's loss: summed over micro-batches and ranks, not averaged.
+SUMMED_STATS = ("policy_loss", "kl_loss")
+
+
+class GRPOLossConfig(StrictModel):
+    """The policy loss of `olingo grpo`: its `loss:` section."""
+
+    eps_low: float = Field(0.2, gt=0, lt=1, description="lower ratio clip: the ratio is kept above 1 - eps_low")
+    eps_high: float = Field(0.2, gt=0, description="upper ratio clip: below 1 + eps_high (DAPO clip-higher: 0.28)")
+    dual_clip: float | None = Field(None, gt=1, description="dual clip c: a token with negative advantage loses at most c x |A| (null: off; 3 in Ye et al. 2020)")
+    aggregation: LossAggregation = Field(
+        "token_mean", description="token_mean: over every token of the step (DAPO); seq_mean_token_mean: per response, then over "
+        "responses (GRPO); seq_mean_token_sum_norm: token sums / max_new_tokens, over responses (Dr. GRPO)",
+    )
+    ptx_coef: float = Field(0.0, ge=0, le=1, description="weight of the pretraining LM loss (needs data.pretrain); the policy loss gets 1 - ptx_coef")
+
+
+class GRPOLearner(TrainedModel):
+    """The actor and its critic-free policy loss (see the module docstring).
+
+    Args beyond the boosted model: `loss` (`GRPOLossConfig`), `kl_coef` and `kl_estimator`
+    of the KL term (used only when `kl_in_loss` and experience carries reference log-probs),
+    `max_length` (the generation limit: Dr. GRPO's constant normaliser), `apply_loss_mask`
+    (ptx rows: only their loss_mask tokens count).
+    """
+
+    name = "actor"
+
+    def __init__(
+        self, booster: Booster, actor: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any, loss: GRPOLossConfig | None = None, *,
+        kl_coef: float = 0.0, kl_estimator: KLEstimator = "k3", kl_in_loss: bool = True, max_length: int | None = None, apply_loss_mask: bool = True,
+    ) -> None:
+        super().__init__(booster, actor, optim, scheduler)
+        self.loss = loss or GRPOLossConfig()
+        self.loss_fn = GroupPolicyLoss(
+            self.loss.eps_low, self.loss.eps_high, self.loss.dual_clip, self.loss.aggregation,
+            kl_coef=kl_coef if kl_in_loss else 0.0, kl_estimator=kl_estimator, max_length=max_length,
+        )
+        self.ptx_loss_fn, self.apply_loss_mask = GPTLMLoss(), apply_loss_mask
+        self.device = booster.device
+
+    @property
+    def actor(self) -> torch.nn.Module:
+        return self.model
+
+    @property
+    def ptx_coef(self) -> float:
+        return self.loss.ptx_coef
+
+    def train(self) -> None:
+        self.model.train()
+
+    def step_units(self, minibatches: list[Experience]) -> torch.Tensor:
+        """Loss units of one optimizer step: its micro-batches on every rank (float32 scalar)."""
+        units = sum(loss_units(mb.action_mask, self.loss.aggregation) for mb in minibatches)
+        return self.booster.plugin.all_reduce_sum(torch.as_tensor(units, dtype=torch.float32, device=self.device))
+
+    def training_step(
+        self, experience: Experience, units: torch.Tensor, micro_batches: int, temperature: float = 1.0, ptx_batch: dict[str, Any] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Forward and backward of one micro-batch's share of the step; its detached stats.
+
+        `units`: `step_units` of the step; `micro_batches`: how many share it (the ptx loss,
+        a mean per micro-batch, is divided by it); `temperature`: the rollout's."""
+        if experience.advantages is None:
+            raise ValueError("experience without advantages: pass it through the maker's finish() first")
+        mask, num_actions = experience.action_mask, experience.num_actions
+        logits = policy_logits(self.model, experience.sequences, experience.attention_mask, num_actions, temperature)
+        log_probs = log_probs_from_logits(logits, experience.sequences[:, -num_actions:])
+        policy_loss, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask, units, experience.base_action_log_probs)
+        world = self.booster.plugin.coordinator.world_size
+        loss = policy_loss * world  # data parallelism averages gradients over ranks; the share is of the global step
+        ptx_loss = torch.zeros((), device=self.device)
+        if ptx_batch is not None:
+            ptx_loss = self.ptx_loss(ptx_batch)
+            loss = (1 - self.ptx_coef) * loss + self.ptx_coef * ptx_loss / micro_batches
+        self.backward(loss)
+        stats["ptx_loss"] = ptx_loss.detach()
+        stats["entropy"] = masked_mean(entropy_from_logits(logits.detach()), mask)
+        return stats
+
+    def ptx_loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Next-token loss of the actor on a pretrain (SFT-format) batch."""
+        batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        mask = batch["loss_mask"] if self.apply_loss_mask and "loss_mask" in batch else batch["attention_mask"]
+        return self.ptx_loss_fn(logits, batch["input_ids"], mask)
+
+    def optimizer_step(self, stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+        """Step optimizer and scheduler; `train/*` metrics of the step over its micro-batches and
+        ranks: loss shares summed (the step's loss), everything else averaged."""
+        step = self.step()
+        names = list(stats[0])
+        world = self.booster.plugin.coordinator.world_size
+        local = torch.stack([
+            torch.stack([s[n].float() for s in stats]).sum() * world if n in SUMMED_STATS else torch.stack([s[n].float() for s in stats]).mean()
+            for n in names
+        ])
+        values = self.booster.plugin.all_reduce_mean(local).tolist()
+        return {**{f"train/{n}": v for n, v in zip(names, values, strict=True)}, **step}

@@ -1,0 +1,76 @@
+"""What the RL trainers (`PPOTrainer`, `GRPOTrainer`) do the same way around their algorithm:
+the ptx check, the prompt/pretrain loaders that resume mid-epoch, held-out evaluation with its
+record on disk, and the RNG/loader part of a checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from olingo.dataset.sampler import CyclicLoader
+from olingo.trainer.ppo_eval import evaluate_policy
+from olingo.trainer.utils import rng_state, set_rng_state
+
+
+def open_loaders(
+    ptx_coef: float, prompt_dataloader: DataLoader, pretrain_dataloader: DataLoader | None, pending: dict[str, Any], origin: str,
+) -> tuple[CyclicLoader, CyclicLoader | None]:
+    """Endless prompt (and, with a ptx loss, pretrain) loaders, at the positions a checkpoint
+    left (`pending`). A ptx loss without pretrain data is refused: `origin` names the default
+    that set it (seed 004's, coati's) so the message says where 0.9 came from."""
+    if ptx_coef > 0 and pretrain_dataloader is None:
+        raise ValueError(
+            f"ptx_coef={ptx_coef} mixes in a pretraining (ptx) loss but fit() got no pretrain_dataloader: "
+            f"pass one, or set ptx_coef=0.0 ({origin}'s default of 0.9 assumes a pretrain dataset)"
+        )
+    prompts = CyclicLoader(prompt_dataloader)
+    pretrain = CyclicLoader(pretrain_dataloader) if pretrain_dataloader is not None and ptx_coef > 0 else None
+    for name, loader in (("prompts", prompts), ("pretrain", pretrain)):
+        if loader is not None and name in pending:
+            loader.load_state_dict(pending[name])
+    return prompts, pretrain
+
+
+def loader_states(prompts: CyclicLoader | None, pretrain: CyclicLoader | None) -> dict[str, Any]:
+    return {name: loader.state_dict() for name, loader in (("prompts", prompts), ("pretrain", pretrain)) if loader is not None}
+
+
+def held_out_eval(trainer: Any, maker: Any) -> dict[str, float] | None:
+    """`evaluate_policy` of `trainer`'s actor on its eval loader, summed over ranks (each rank
+    evaluated its own shard), recorded as `eval/step_N.json` with 16 samples on rank 0."""
+    if trainer.eval_dataloader is None:
+        return None
+    trainer._place_inference_models(trainer.device)
+    plugin = trainer.actor_booster.plugin
+
+    def all_reduce_sum(totals: torch.Tensor) -> torch.Tensor:
+        return plugin.all_reduce_sum(totals.to(trainer.device)).cpu()
+
+    with trainer.actor_booster.gathered(trainer.actor):  # ranks may hold different numbers of eval batches
+        metrics, samples = evaluate_policy(maker, trainer.eval_dataloader, trainer.eval_generation, accuracy_fn=trainer.accuracy_fn, all_reduce_sum=all_reduce_sum)
+    if trainer.state.output_dir is not None and trainer.coordinator.is_master:
+        out = trainer.state.output_dir / "eval"
+        out.mkdir(parents=True, exist_ok=True)
+        record = {"step": trainer.state.step, "metrics": metrics, "samples": samples[:16]}
+        (out / f"step_{trainer.state.step}.json").write_text(json.dumps(record, indent=2) + "\n")
+    return metrics
+
+
+def save_policy_extras(directory: Path, tokenizer: Any, coordinator: Any, state: dict[str, Any]) -> None:
+    """The tokenizer beside the actor, this rank's RNG, and (rank 0) `trainer_state.json`."""
+    if coordinator.is_master:
+        tokenizer.save_pretrained(str(directory / "actor"))
+    torch.save(rng_state(), directory / f"rng_rank{coordinator.rank}.pt")
+    if coordinator.is_master:
+        (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
+
+
+def load_policy_extras(directory: Path, coordinator: Any) -> dict[str, Any]:
+    """Restore this rank's RNG (rank 0's when the checkpoint had fewer ranks); the trainer state."""
+    rng_file = directory / f"rng_rank{coordinator.rank}.pt"
+    set_rng_state(torch.load(rng_file if rng_file.exists() else directory / "rng_rank0.pt", weights_only=False))
+    return json.loads((directory / "trainer_state.json").read_text())
