@@ -27,6 +27,17 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "num_train_epochs": ("epochs",),
     "num_episodes": ("episodes",),
     "ppo_epochs": ("update_steps",),
+    "num_iterations": ("update_steps",),  # TRL/DAPO's mu
+    "mu": ("update_steps",),
+    "num_generation": ("num_generations",),  # coati's keyword
+    "group_size": ("num_generations",),
+    "n_samples_per_prompt": ("num_generations",),  # OpenRLHF
+    "epsilon": ("eps_low",),
+    "epsilon_high": ("eps_high",),  # TRL
+    "clip_ratio_high": ("eps_high",),  # verl
+    "loss_type": ("aggregation",),  # TRL
+    "loss_agg_mode": ("aggregation",),  # verl
+    "advantage_estimator": ("advantage",),
     "batchsize": ("batch_size", "train_batch_size"),
     "per_device_train_batch_size": ("batch_size", "train_batch_size"),
     "micro_batch_size": ("batch_size", "train_batch_size"),

@@ -43,11 +43,12 @@ from olingo.config import ConfigError, load_config
 from olingo.models.loading import resolve_dtype
 from olingo.models.reward_model import RewardModel
 from olingo.recipes.common import packaged_config, resolve_path
+from olingo.recipes.grpo_config import GRPOConfig
 from olingo.recipes.ppo import PPOConfig
 from olingo.recipes.rm import RMConfig
 from olingo.recipes.sft import SFTConfig
 
-STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig}
+STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig, "grpo": GRPOConfig}
 
 GIB = 1024**3
 
@@ -216,12 +217,34 @@ def plan_ppo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - PPOConfig
     return Plan("ppo", rows, states + max(frozen_bytes + kv, learning), world_size)
 
 
-def frozen_rows(cfg, park: bool) -> list[Row]:  # noqa: ANN001 - PPOConfig
-    """Weights of the reference and the reward model: replicated on every rank, never sharded."""
+def plan_grpo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - GRPOConfig
+    """The policy trained, no critic; the reference only with a KL term; the KV cache of one
+    generate call (rollout_batch_size x G sequences, or inference_batch_size)."""
+    m, algo, exp = cfg.model, cfg.loop, cfg.experience
+    actor = model_shape(m.actor, reward=False, lora=m.lora, trust_remote_code=m.trust_remote_code)
+    prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
+    seq = cfg.data.max_prompt_length + cfg.generation.max_new_tokens
+    trained = trained_rows("actor", actor, prec, shards, offload)
+    frozen = frozen_rows(cfg, park=algo.offload_inference_models, reference=exp.kl_coef > 0)
+    per_call = min(exp.inference_batch_size or algo.rollout_batch_size * exp.num_generations, algo.rollout_batch_size * exp.num_generations)
+    kv = actor.layers * 2 * actor.kv_dim * seq * per_call * prec.act
+    acts = activation_bytes(actor, algo.train_batch_size * seq, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
+    rows = [*trained, *frozen, Row("KV cache (generation)", kv, f"{per_call} rollouts per generate call x {seq} tokens"),
+            Row("activations (learning)", acts, f"{algo.train_batch_size} x {seq} tokens")]
+    states = sum(r.nbytes for r in trained if not r.component.endswith("gradients"))
+    grads = sum(r.nbytes for r in trained if r.component.endswith("gradients"))
+    frozen_bytes = sum(r.nbytes for r in frozen)
+    learning = grads + acts + (0 if algo.offload_inference_models else frozen_bytes)
+    return Plan("grpo", rows, states + max(frozen_bytes + kv, learning), world_size)
+
+
+def frozen_rows(cfg, park: bool, reference: bool = True) -> list[Row]:  # noqa: ANN001 - PPOConfig or GRPOConfig
+    """Weights of the reference (when there is one) and the reward model: replicated on every
+    rank, never sharded."""
     m = cfg.model
     nbytes = resolve_dtype(m.dtype).itemsize
     note = "frozen, replicated" + (", on the CPU while learning" if park else "")
-    paths = [("reference", m.reference or m.actor, False)] + ([("reward model", cfg.reward.model, True)] if cfg.reward.model else [])
+    paths = ([("reference", m.reference or m.actor, False)] if reference else []) + ([("reward model", cfg.reward.model, True)] if cfg.reward.model else [])
     return [Row(f"{name} weights", model_shape(path, reward=reward, trust_remote_code=m.trust_remote_code).params * nbytes, note) for name, path, reward in paths]
 
 
@@ -229,7 +252,7 @@ def cpu_offload(plugin) -> bool:  # noqa: ANN001 - PluginConfig
     return plugin.name == "fsdp" and getattr(plugin, "cpu_offload", False)
 
 
-PLANNERS = {"sft": plan_sft, "rm": plan_rm, "ppo": plan_ppo}
+PLANNERS = {"sft": plan_sft, "rm": plan_rm, "ppo": plan_ppo, "grpo": plan_grpo}
 
 
 # ---- config, device, table ----------------------------------------------------------------------

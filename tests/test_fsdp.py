@@ -167,7 +167,7 @@ def grpo_args(tmp_path: Path, assets, name: str, per_process: int) -> list[str]:
     ]
 
 
-GRPO_METRICS = ["train/policy_loss", "train/kl_loss", "train/approx_kl", "rollout/reward_mean", "rollout/kl", "rollout/response_length"]
+GRPO_METRICS = ["train/policy_loss", "train/kl_loss", "train/approx_kl", "train/entropy", "rollout/reward_mean", "rollout/response_length"]
 
 
 @pytest.mark.slow

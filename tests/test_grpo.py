@@ -153,6 +153,9 @@ def test_one_update_per_batch_skips_the_old_log_prob_forward(assets, tok, monkey
     trainer = build(assets, tok, train_batch_size=16)
     trainer.fit(1, 1, 2, loader(assets, tok))  # mu = 2: the second pass needs pi_old
     assert trainer.experience_maker.needs_old_log_probs is True
+    trainer = build(assets, tok, train_batch_size=16)
+    trainer.fit(1, 2, 1, loader(assets, tok))  # two collect steps: two optimizer steps on one buffer
+    assert trainer.experience_maker.needs_old_log_probs is True
 
 
 def learn(assets, tok, aggregation, train_batch_size, accumulation_steps):
@@ -254,6 +257,7 @@ def test_grpo_kill_and_resume_equals_an_uninterrupted_run(tmp_path, assets):
     assert read_jsonl(killed / "samples.jsonl") == read_jsonl(straight / "samples.jsonl")
 
 
+@pytest.mark.slow
 def test_cli_overlong_buffer_beyond_the_limit_is_one_line(tmp_path, assets):
     out = subprocess.run(olingo_cmd("grpo", f"run.output_dir={tmp_path}", f"model.actor={assets.model_dir}", "experience.overlong_buffer=16", "generation.max_new_tokens=8"),
                          capture_output=True, text=True, timeout=120)

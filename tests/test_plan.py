@@ -89,10 +89,26 @@ def test_ppo_plan_counts_kv_cache_shards_with_fsdp_and_trains_only_adapters_unde
     assert lora["actor weights"] > rows["actor weights"] and lora["actor gradients"] < 0.25 * rows["actor gradients"]
 
 
+def test_grpo_plan_has_no_critic_a_reference_only_with_kl_and_the_kv_cache_of_one_generate_call(assets):
+    from olingo.plan import plan_grpo
+    from olingo.recipes.grpo_config import GRPOConfig
+
+    args = [f"model.actor={assets.model_dir}", "data.max_prompt_length=64", "generation.max_new_tokens=64", "loop.rollout_batch_size=4",
+            "experience.num_generations=8"]
+    rows = {r.component: r.nbytes for r in plan_grpo(load_config(GRPOConfig, None, args), world_size=1).rows}
+    assert not [c for c in rows if "critic" in c or "reference" in c]
+    assert rows["KV cache (generation)"] == 2 * 2 * 4 * 16 * 128 * 32 * 4  # 4 prompts x 8 responses
+    bounded = {r.component: r.nbytes for r in plan_grpo(load_config(GRPOConfig, None, [*args, "experience.inference_batch_size=8"]), world_size=1).rows}
+    assert bounded["KV cache (generation)"] == rows["KV cache (generation)"] / 4
+    with_kl = {r.component: r.nbytes for r in plan_grpo(load_config(GRPOConfig, None, [*args, "experience.kl_coef=0.1"]), world_size=1).rows}
+    assert with_kl["reference weights"] == rows["actor weights"]
+
+
 def test_stage_is_detected_from_the_config_file(tmp_path):
     from olingo.recipes.common import packaged_config
 
     assert load_stage_config(str(packaged_config("ppo_tiny.yaml")), [], None)[0] == "ppo"
+    assert load_stage_config(str(packaged_config("grpo_tiny.yaml")), [], None)[0] == "grpo"
     assert load_stage_config(str(packaged_config("rm_tiny.yaml")), [], None)[0] == "rm"  # sft accepts it too: the name decides
     (tmp_path / "mine.yaml").write_text("model: {path: builtin:tiny-llama}\n")
     with pytest.raises(ConfigError, match="valid rm and sft config: pass --stage"):

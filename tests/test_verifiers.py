@@ -47,6 +47,7 @@ def test_every_new_name_resolves(name: str) -> None:
     assert REWARD_FUNCTIONS[name] is NEW_NAMES[name]
 
 
+@pytest.mark.slow  # a fresh interpreter per case
 @pytest.mark.parametrize("first", ["olingo.models.rewards", "olingo.models.verifiers"])
 def test_names_exist_after_importing_either_module_first(first: str) -> None:
     code = f"import {first}\nfrom olingo.models.rewards import resolve_reward\nprint(*(resolve_reward(n).__name__ for n in {sorted(NEW_NAMES)!r}))"

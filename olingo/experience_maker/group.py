@@ -162,10 +162,9 @@ class GroupExperienceMaker:
         scored = self.rollout_and_score(input_ids, attention_mask, gt_answers, None, row_fields, n=self.group_size, with_old_log_probs=needs_policy)
         rollout, cfg = scored.rollout, self.config
         action_mask = rollout.action_mask
-        kl = None
-        if scored.ref_log_probs is not None:
-            policy = scored.log_probs if scored.log_probs is not None else self._log_probs(self.actor, rollout, self.temperature)
-            kl = kl_estimate(policy, scored.ref_log_probs, cfg.estimator_name, action_mask)
+        kl = None  # with the KL as a loss and no pi_old needed, no forward is spent on it here: train/kl_loss reports it
+        if scored.ref_log_probs is not None and scored.log_probs is not None:
+            kl = kl_estimate(scored.log_probs, scored.ref_log_probs, cfg.estimator_name, action_mask)
         lengths = action_mask.sum(-1)
         score = scored.raw_score.float() + cfg.overlong_penalty * overlong_penalty(lengths, self.generation.max_new_tokens, cfg.overlong_buffer).to(scored.raw_score.device)
         kl_coef = cfg.kl_coef if self.kl_in_reward else 0.0

@@ -27,9 +27,11 @@ batches more than `max_staleness` weight syncs old are dropped and counted.
 is the step at which the makers' current weights were pushed.
 
 What the learner-backed trainers (`DetachedPPOTrainer`, `DetachedGRPOTrainer`) share beyond the
-loop is here too, as helpers they call: the makers' sampling-temperature check, the weight push
-through the object store with its `perf/weight_sync_*` metrics, and the checkpoint's RNG and
-`trainer_state.json` (counters, the makers' states, the callbacks' states), restored on resume.
+loop is here too. They set `learner`, `tokenizer` and `temperature`; then `fit` checks that the
+makers sample at that temperature, and checkpoints hold the learner's files, the tokenizer next
+to the actor, the RNG and `trainer_state.json` (counters, the makers' states, the callbacks'
+states), all restored by `load_checkpoint`. Their weight push goes through `_push_weights`
+(the object store, with its `perf/weight_sync_*` metrics).
 """
 
 from __future__ import annotations
@@ -86,6 +88,11 @@ class DetachedTrainer(ABC):
         log_dir, use_wandb, show_progress: default loggers (metrics.jsonl, TensorBoard, W&B, bar).
         save_dir, save_interval: checkpoints under `save_dir/checkpoints` every N steps and at the end.
     """
+
+    # set by the learner-backed trainers (PPO, GRPO); a bare subclass leaves them None
+    learner: Any = None  # save(directory) / load(directory): its models, optimizers and schedulers
+    tokenizer: Any = None  # saved next to the actor in checkpoints
+    temperature: float | None = None  # log-probs are computed at it: every maker must sample at it
 
     def __init__(
         self,
@@ -154,7 +161,13 @@ class DetachedTrainer(ABC):
         """
 
     def _write_checkpoint(self, directory: Path) -> None:
-        raise NotImplementedError(f"{type(self).__name__} does not write checkpoints; implement _write_checkpoint or leave save_dir unset")
+        """The learner's files (actor/ with the tokenizer, ...), RNG and trainer state."""
+        if self.learner is None:
+            raise NotImplementedError(f"{type(self).__name__} does not write checkpoints; implement _write_checkpoint or leave save_dir unset")
+        self.learner.save(directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(directory / "actor"))
+        self._write_trainer_state(directory)
 
     # ---- public API (seed 001) --------------------------------------------------------------
     @ray.method(concurrency_group="compute")
@@ -200,6 +213,14 @@ class DetachedTrainer(ABC):
         if not self.target_holder_list:
             self._connect_makers()
         self._sync(fully_update=True, **kwargs)
+
+    def load_checkpoint(self, directory: str) -> int:
+        """Restore a learner-backed trainer: the learner's models, optimizers and schedulers, RNG
+        and counters; the makers get their own state (prompt position; PPO's KL controller and
+        reward statistics) when `fit` connects to them. Returns the restored step."""
+        if self.learner is None:
+            raise NotImplementedError(f"{type(self).__name__} has no learner to restore; implement load_checkpoint")
+        return self._load_trainer_state(Path(directory), self.learner.load)
 
     @ray.method(concurrency_group="buffer_length")
     def buffer_get_length(self) -> int:
@@ -301,6 +322,8 @@ class DetachedTrainer(ABC):
                 raise ValueError(f"no experience maker actor named '{name}': create the ExperienceMakerHolder actors (with .options(name=...)) before calling fit") from None
         self.target_holder_list = handles
         self._get([h.ready.remote() for h in handles], "waiting for the makers to start")
+        if self.temperature is not None:
+            self._check_maker_temperature(self.temperature)
 
     def _sync(self, fully_update: bool = False, **kwargs: Any) -> None:
         """Weights to the makers, between the update hooks; a sync to all makers is a new version.

@@ -19,7 +19,6 @@ nothing of a critic or a reference.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -124,20 +123,3 @@ class DetachedGRPOTrainer(DetachedTrainer):
     def _update_remote_makers(self, fully_update: bool = False, **kwargs: Any) -> None:
         """The actor's weights (no critic exists) into the object store once; every maker loads them."""
         self._push_weights(kwargs.get("makers") or self.target_holder_list, self.learner.booster.unwrap(self.learner.actor), None, kwargs["policy_version"])
-
-    def _connect_makers(self) -> None:
-        super()._connect_makers()
-        self._check_maker_temperature(self.temperature)
-
-    # ---- checkpoints ------------------------------------------------------------------------------
-    def _write_checkpoint(self, directory: Path) -> None:
-        """actor/ (HF directory + tokenizer), its optimizer and scheduler, RNG, trainer state."""
-        self.learner.save(directory)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(str(directory / "actor"))
-        self._write_trainer_state(directory)
-
-    def load_checkpoint(self, directory: str) -> int:
-        """Restore the actor, its optimizer and scheduler, RNG and counters; the makers get their
-        prompt positions back when `fit` connects to them. Returns the restored step."""
-        return self._load_trainer_state(Path(directory), self.learner.load)

@@ -11,7 +11,6 @@ Under LoRA only the adapters and the critic's value head are sent (`olingo.ray.w
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -102,20 +101,3 @@ class DetachedPPOTrainer(DetachedTrainer):
             kwargs.get("makers") or self.target_holder_list, self.learner.policy.booster.unwrap(self.learner.actor),
             self.learner.critic_learner.booster.unwrap(self.learner.critic), kwargs["policy_version"],
         )
-
-    def _connect_makers(self) -> None:
-        super()._connect_makers()
-        self._check_maker_temperature(self.temperature)
-
-    # ---- checkpoints ------------------------------------------------------------------------------
-    def _write_checkpoint(self, directory: Path) -> None:
-        self.learner.save(directory)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(str(directory / "actor"))
-        self._write_trainer_state(directory)
-
-    def load_checkpoint(self, directory: str) -> int:
-        """Restore models, optimizers, schedulers, RNG and counters; the makers get their own
-        state (KL controller, reward statistics, prompt position) when `fit` connects to them.
-        Returns the restored step."""
-        return self._load_trainer_state(Path(directory), self.learner.load)

@@ -23,7 +23,7 @@ from olingo.recipes.common import (
     PluginConfig,
     RunConfig,
 )
-from olingo.recipes.ppo_config import GenerationConfig, PPODataConfig
+from olingo.recipes.ppo_config import GenerationConfig, PPODataConfig, PPOLoopConfig
 from olingo.recipes.rewards import RewardSource
 from olingo.trainer.grpo_learner import GRPOLossConfig
 
@@ -40,22 +40,12 @@ class GRPOModelConfig(StrictModel):
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters via peft for the actor (lora.r > 0); the reference stays full")
 
 
-class GRPOLoopConfig(StrictModel):
-    """The GRPO loop: how much to collect, how to walk it, when to checkpoint and evaluate."""
+class GRPOLoopConfig(PPOLoopConfig):
+    """The GRPO loop: PPO's loop fields, with GRPO's batch sizes and mu (update_steps)."""
 
-    episodes: int = Field(10, ge=1, description="collect-then-learn rounds")
-    collect_steps: int = Field(1, ge=1, description="prompt batches collected per episode")
     update_steps: int = Field(1, ge=1, description="mu: passes over each episode's rollouts (DAPO/TRL num_iterations); 1 with one optimizer step per episode needs no pi_old forward")
     rollout_batch_size: int = Field(8, ge=1, description="prompts per collect step per process (each answered experience.num_generations times)")
     train_batch_size: int = Field(16, ge=1, description="rollouts per minibatch per process")
-    accumulation_steps: int = Field(1, ge=1, description="minibatches per optimizer step")
-    buffer_limit: int = Field(0, ge=0, description="keep at most this many rollouts (0: all of the episode)")
-    sample_buffer: bool = Field(False, description="train on randomly sampled minibatches instead of full passes")
-    offload_inference_models: bool = Field(True, description="keep reference and reward models on CPU while learning")
-    save_interval: int = Field(0, ge=0, description="checkpoint at the end of the episode reaching every N optimizer steps (0: final only)")
-    eval_interval: int = Field(0, ge=0, description="evaluate on eval_prompts at the end of the episode reaching every N optimizer steps")
-    eval_batch_size: int = Field(64, ge=1, description="prompts per evaluation batch")
-    eval_temperature: float | None = Field(None, gt=0, description="sampling temperature for evaluation (default: the rollout temperature)")
     accuracy_function: str | None = Field(None, description="reward function counted as accuracy in evaluation (e.g. arithmetic_exact, math_answer)")
 
 

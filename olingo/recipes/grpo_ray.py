@@ -16,17 +16,15 @@ The recipe, top to bottom (`run_grpo_ray`):
        single-process GRPO does; the makers are stopped when fit ends
     7. evaluate the final policy through maker 0, write ray_summary.json, remove every actor,
        and shut Ray down when this process started it
-The factories below are built here, pickled, and called inside the actors; paths are resolved
-here, on the driver. Everything that calls `ray` is in `olingo.ray.launch`.
+Steps 2-7 are the run both Ray recipes share (`olingo.recipes.ray_run.run_on_ray`); this module
+brings the GRPO family's part of it (`RayAlgorithm`). The factories below are built here,
+pickled, and called inside the actors; paths are resolved here, on the driver.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,27 +32,19 @@ from typing import Any
 from olingo.config import ConfigError
 from olingo.errors import require
 from olingo.models import load_causal_lm, load_tokenizer
-from olingo.models.rlvr import get_reward_function
 from olingo.ray.making import GroupMaking
 from olingo.recipes.common import (
     LoraSettings,
     OptimizerConfig,
-    build_callbacks,
-    check_model_paths,
-    check_run_dir,
-    commit_run_dir,
     enable_gradient_checkpointing,
     optimizer_and_schedule,
     resolve_path,
-    resume_checkpoint,
 )
 from olingo.recipes.grpo import check_grpo_config
 from olingo.recipes.grpo_config import GRPOConfig
-from olingo.recipes.ppo_config import generate_kwargs
-from olingo.recipes.ppo_ray import PromptLoaderFn, TokenizerFn, _evaluator
+from olingo.recipes.ray_run import RayAlgorithm, open_run, optimizer_steps, run_on_ray
 from olingo.recipes.rewards import RewardSource, load_reward
 from olingo.trainer.callbacks import Callback
-from olingo.trainer.utils import seed_everything
 
 logger = logging.getLogger("olingo.recipes")
 
@@ -144,72 +134,24 @@ def maker_models(cfg: GRPOConfig) -> GRPOModelsFn:
 def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     """Train the GRPO family on Ray actors as `cfg` says; returns the run directory, evals and summary."""
     require("ray", "ray.enabled=true (detached GRPO on Ray)")
-    from olingo.ray import launch  # only now: it imports ray
 
     # 1. config, seed, run directory (checked here, written once the actors have loaded everything)
     check_ray_config(cfg)
     check_grpo_config(cfg)
-    loop, m, rc = cfg.loop, cfg.model, cfg.ray
-    check_model_paths({"model.actor": m.actor, "model.reference": m.reference, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
-    seed_everything(cfg.run.seed)
-    run_dir = check_run_dir(cfg.run)
-    checkpoint = resume_checkpoint(cfg.run, run_dir)
+    loop, m = cfg.loop, cfg.model
+    run_dir, checkpoint = open_run(cfg, {"model.actor": m.actor, "model.reference": m.reference, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
     batches = episode_batches(cfg)
-    total_steps = loop.episodes * batches
     models = maker_models(cfg)
-    making = GroupMaking(cfg.experience, needs_old_log_probs=needs_old_log_probs(cfg))
 
-    # 2. Ray
-    started_here = launch.start_ray(rc)
-    actors: list[Any] = []
-    try:
-        launch.check_resources(rc)
-        # 3. makers, each with its own models and its own prompt order, making whole groups
-        suffix = uuid.uuid4().hex[:6]
-        trainer_name = f"{cfg.run.name}-trainer-{suffix}"
-        maker_names = [f"{cfg.run.name}-maker{i}-{suffix}" for i in range(rc.num_makers)]
-        prompts = [resolve_path(s) for s in cfg.data.prompts]
-        makers = [
-            launch.spawn_maker(
-                rc, name, [trainer_name], models, TokenizerFn(models.tokenizer),
-                PromptLoaderFn(prompts, models.tokenizer, cfg.data.max_prompt_length, loop.rollout_batch_size, seed=cfg.run.seed + 1000 * i, skip_invalid=cfg.data.skip_invalid),
-                making=making,
-                eval_dataloader_fn=PromptLoaderFn([resolve_path(s) for s in cfg.data.eval_prompts], models.tokenizer, cfg.data.max_prompt_length, loop.eval_batch_size, train=False) if cfg.data.eval_prompts and i == 0 else None,
-                accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
-                seed=cfg.run.seed + i, call_timeout_s=rc.call_timeout_s, **generate_kwargs(cfg.generation),
-            )
-            for i, name in enumerate(maker_names)
-        ]
-        actors += makers
-
-        # 4. the trainer actor (one optimizer step per buffer batch of accumulation_steps micro-batches); resume; the run directory
-        trainer = launch.spawn_trainer(
-            rc, trainer_name, maker_names, GRPOModelsFn(models.actor, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora, gradient_checkpointing=m.gradient_checkpointing),
-            algorithm="grpo", train_batch_size=loop.train_batch_size * loop.accumulation_steps, micro_batch_size=loop.train_batch_size,
-            buffer_limit=rc.buffer_limit or batches, callbacks=build_callbacks(cfg.callbacks) + list(callbacks),
+    # 2-7. makers making whole groups with their advantages; the GRPO trainer (the policy only),
+    # one optimizer step per buffer batch of accumulation_steps micro-batches
+    grpo = RayAlgorithm(
+        "grpo", models, GroupMaking(cfg.experience, needs_old_log_probs=needs_old_log_probs(cfg)),
+        trainer_models=GRPOModelsFn(models.actor, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora, gradient_checkpointing=m.gradient_checkpointing),
+        optim_fn=GRPOOptimFn(cfg.actor_optim, optimizer_steps(cfg, batches)), batches=batches,
+        trainer_kwargs=dict(
+            train_batch_size=loop.train_batch_size * loop.accumulation_steps, micro_batch_size=loop.train_batch_size,
             experience_config=cfg.experience, loss_config=cfg.loss, max_new_tokens=cfg.generation.max_new_tokens,
-            temperature=cfg.generation.temperature if cfg.generation.do_sample else 1.0,
-            optim_fn=GRPOOptimFn(cfg.actor_optim, total_steps * loop.update_steps),
-            max_grad_norm=cfg.actor_optim.max_grad_norm, tokenizer_fn=TokenizerFn(models.tokenizer), seed=cfg.run.seed,
-            max_staleness=rc.max_staleness, call_timeout_s=rc.call_timeout_s, experience_timeout_s=rc.experience_timeout_s,
-            max_maker_restarts=rc.max_restarts * rc.num_makers, log_dir=str(run_dir), use_wandb=cfg.logging.wandb,
-            show_progress=cfg.logging.progress, save_dir=str(run_dir), save_interval=loop.save_interval,
-        )
-        actors.append(trainer)
-        if checkpoint is not None:
-            launch.call(rc, trainer.load_checkpoint.remote(str(checkpoint)))
-        commit_run_dir(cfg.run, cfg, run_dir)
-
-        # 5-7. evaluate, fit (which logs the step-0 evaluation first), evaluate
-        evaluate = _evaluator(cfg, makers[0], launch) if cfg.data.eval_prompts else None
-        before = evaluate() if evaluate is not None and checkpoint is None else None
-        summary = launch.wait_for(trainer.fit.remote(total_steps, batches, loop.update_steps, initial_eval=before))
-        after = evaluate() if evaluate is not None else None
-    finally:
-        launch.shut_down(actors, started_here)
-    if after is not None:  # the same final eval row single-process GRPO writes, for `olingo report`
-        with open(run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"step": summary["steps"], "split": "eval", "time": time.time(), "eval_name": "eval", **after}) + "\n")
-    result = {"run_dir": str(run_dir), "final_model": str(run_dir / "checkpoints" / "final" / "actor"), "eval_before": before, "eval": after, "steps": summary["steps"], "ray": summary}
-    (run_dir / "ray_summary.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    return result
+        ),
+    )
+    return run_on_ray(cfg, grpo, run_dir, checkpoint, callbacks)

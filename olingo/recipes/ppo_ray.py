@@ -12,54 +12,40 @@ The recipe, top to bottom (`run_ppo_ray`):
        batches, `loop.update_steps` passes over each; the makers are stopped when fit ends
     7. evaluate the final policy through maker 0, write ray_summary.json, remove every actor,
        and shut Ray down when this process started it
-The factories below are built here, pickled, and called inside the actors. Paths are resolved
-here, on the driver: on a multi-node cluster they must exist on every node. Everything that
-calls `ray` is in `olingo.ray.launch`, which gets the `ray:` section only.
+Steps 2-7 are the run both Ray recipes share (`olingo.recipes.ray_run.run_on_ray`); this module
+brings PPO's part of it (`RayAlgorithm`). The factories below are built here, pickled, and called
+inside the actors; paths are resolved here, on the driver.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from olingo.booster import SingleProcessPlugin
 from olingo.config import ConfigError
-from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
 from olingo.errors import require
 from olingo.models import RewardModel, load_causal_lm, load_tokenizer
 from olingo.models.critic import Critic
 from olingo.models.rewards import CompositeReward
-from olingo.models.rlvr import get_reward_function
+from olingo.ray.making import PPOMaking
 from olingo.recipes.common import (
     LoraSettings,
     OptimizerConfig,
-    build_callbacks,
-    check_model_paths,
-    check_run_dir,
-    commit_run_dir,
     optimizer_and_schedule,
     resolve_path,
-    resume_checkpoint,
 )
-from olingo.recipes.ppo_config import PPOConfig, generate_kwargs
+from olingo.recipes.ppo_config import PPOConfig
+
+# PromptLoaderFn and TokenizerFn are re-exported: the README's example imports them from here
+from olingo.recipes.ray_run import PromptLoaderFn as PromptLoaderFn
+from olingo.recipes.ray_run import RayAlgorithm, open_run, optimizer_steps, run_on_ray
+from olingo.recipes.ray_run import TokenizerFn as TokenizerFn
 from olingo.trainer.callbacks import Callback
-from olingo.trainer.utils import seed_everything
 
 
 # ---- picklable factories: built on the driver, called inside the actors ---------------------------
-@dataclass
-class TokenizerFn:
-    path: str
-
-    def __call__(self) -> Any:
-        return load_tokenizer(self.path, padding_side="left")
-
-
 @dataclass
 class PPOModelsFn:
     """Builds (actor, critic) for the trainer, or (actor, critic, reward, reference) for a maker."""
@@ -90,27 +76,6 @@ class PPOModelsFn:
         if self.reward_functions:
             reward = CompositeReward(self.reward_functions, neural=reward, neural_weight=self.reward_model_weight)
         return actor, critic, reward, reference
-
-
-@dataclass
-class PromptLoaderFn:
-    """A prompt DataLoader (ResumableSampler, private shuffle seed) built inside a maker."""
-
-    sources: list[str]
-    tokenizer: str
-    max_prompt_length: int
-    batch_size: int
-    seed: int = 0
-    train: bool = True  # shuffled, short last batch dropped; eval: in order, every prompt
-    skip_invalid: bool = False
-
-    def __call__(self) -> Any:
-        tokenizer = load_tokenizer(self.tokenizer, padding_side="left")
-        dataset = build_prompt_dataset(self.sources, tokenizer, self.max_prompt_length, skip_invalid=self.skip_invalid)
-        return SingleProcessPlugin().prepare_dataloader(
-            dataset, self.batch_size, shuffle=self.train, seed=self.seed, collate_fn=PromptCollator(tokenizer.pad_token_id),
-            even=self.train, drop_last=self.train,
-        )
 
 
 @dataclass
@@ -164,78 +129,19 @@ def maker_models(cfg: PPOConfig) -> PPOModelsFn:
 def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     """Train with PPO on Ray actors as `cfg` says; returns the run directory, evals and summary."""
     require("ray", "ray.enabled=true (detached PPO on Ray)")
-    from olingo.ray import launch  # only now: it imports ray
 
     # 1. config, seed, run directory (checked here, written once the actors have loaded everything)
     check_ray_config(cfg)
-    loop, m, rc = cfg.loop, cfg.model, cfg.ray
-    check_model_paths({"model.actor": m.actor, "model.reference": m.reference, "model.critic": m.critic, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
-    seed_everything(cfg.run.seed)
-    run_dir = check_run_dir(cfg.run)
-    checkpoint = resume_checkpoint(cfg.run, run_dir)
+    m, loss = cfg.model, cfg.loss
+    run_dir, checkpoint = open_run(cfg, {"model.actor": m.actor, "model.reference": m.reference, "model.critic": m.critic, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
     batches = episode_batches(cfg)
-    total_steps = loop.episodes * batches
     models = maker_models(cfg)
 
-    # 2. Ray
-    started_here = launch.start_ray(rc)
-    actors: list[Any] = []
-    try:
-        launch.check_resources(rc)
-        # 3. makers, each with its own models and its own prompt order
-        suffix = uuid.uuid4().hex[:6]
-        trainer_name = f"{cfg.run.name}-trainer-{suffix}"
-        maker_names = [f"{cfg.run.name}-maker{i}-{suffix}" for i in range(rc.num_makers)]
-        makers = [
-            launch.spawn_maker(
-                rc, name, [trainer_name], models, TokenizerFn(models.tokenizer),
-                PromptLoaderFn([resolve_path(s) for s in cfg.data.prompts], models.tokenizer, cfg.data.max_prompt_length, loop.rollout_batch_size, seed=cfg.run.seed + 1000 * i, skip_invalid=cfg.data.skip_invalid),
-                cfg.experience.kl_coef, experience_config=cfg.experience, reward_shaping=cfg.reward,
-                eval_dataloader_fn=PromptLoaderFn([resolve_path(s) for s in cfg.data.eval_prompts], models.tokenizer, cfg.data.max_prompt_length, loop.eval_batch_size, train=False) if cfg.data.eval_prompts and i == 0 else None,
-                accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
-                seed=cfg.run.seed + i, call_timeout_s=rc.call_timeout_s, **generate_kwargs(cfg.generation),
-            )
-            for i, name in enumerate(maker_names)
-        ]
-        actors += makers
-
-        # 4. the trainer actor; resume; the run directory
-        trainer = launch.spawn_trainer(
-            rc, trainer_name, maker_names, PPOModelsFn(models.actor, models.critic, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora),
-            train_batch_size=loop.train_batch_size, buffer_limit=rc.buffer_limit or batches, eps_clip=cfg.loss.eps_clip, value_clip=cfg.loss.value_clip,
-            callbacks=build_callbacks(cfg.callbacks) + list(callbacks), vf_coef=cfg.loss.vf_coef,
-            temperature=cfg.generation.temperature if cfg.generation.do_sample else 1.0,
-            optim_fn=OptimFn(cfg.actor_optim, cfg.critic_optim, total_steps * loop.update_steps),
-            max_grad_norm=cfg.actor_optim.max_grad_norm, tokenizer_fn=TokenizerFn(models.tokenizer), seed=cfg.run.seed,
-            max_staleness=rc.max_staleness, call_timeout_s=rc.call_timeout_s, experience_timeout_s=rc.experience_timeout_s,
-            max_maker_restarts=rc.max_restarts * rc.num_makers, log_dir=str(run_dir), use_wandb=cfg.logging.wandb,
-            show_progress=cfg.logging.progress, save_dir=str(run_dir), save_interval=loop.save_interval,
-        )
-        actors.append(trainer)
-        if checkpoint is not None:
-            launch.call(rc, trainer.load_checkpoint.remote(str(checkpoint)))
-        commit_run_dir(cfg.run, cfg, run_dir)
-
-        # 5-7. evaluate, fit (which logs the step-0 evaluation first), evaluate
-        evaluate = _evaluator(cfg, makers[0], launch) if cfg.data.eval_prompts else None
-        before = evaluate() if evaluate is not None and checkpoint is None else None
-        summary = launch.wait_for(trainer.fit.remote(total_steps, batches, loop.update_steps, initial_eval=before))
-        after = evaluate() if evaluate is not None else None
-    finally:
-        launch.shut_down(actors, started_here)
-    if after is not None:  # the same final eval row single-process PPO writes, for `olingo report`
-        with open(run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"step": summary["steps"], "split": "eval", "time": time.time(), "eval_name": "eval", **after}) + "\n")
-    result = {"run_dir": str(run_dir), "final_model": str(run_dir / "checkpoints" / "final" / "actor"), "eval_before": before, "eval": after, "steps": summary["steps"], "ray": summary}
-    (run_dir / "ray_summary.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    return result
-
-
-def _evaluator(cfg: PPOConfig, maker: Any, launch: Any):  # noqa: ANN202 - a closure
-    overrides = {"temperature": cfg.loop.eval_temperature} if cfg.loop.eval_temperature is not None else {}
-
-    def evaluate() -> dict[str, float]:
-        metrics, _ = launch.call(cfg.ray, maker.evaluate.remote(seed=cfg.run.seed, **overrides))
-        return {f"eval/{k}": v for k, v in metrics.items()}
-
-    return evaluate
+    # 2-7. makers making PPO experience (KL-penalised rewards, GAE), the PPO trainer (actor + critic)
+    ppo = RayAlgorithm(
+        "ppo", models, PPOMaking(cfg.experience.kl_coef, cfg.experience, cfg.reward),
+        trainer_models=PPOModelsFn(models.actor, models.critic, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora),
+        optim_fn=OptimFn(cfg.actor_optim, cfg.critic_optim, optimizer_steps(cfg, batches)), batches=batches,
+        trainer_kwargs=dict(train_batch_size=cfg.loop.train_batch_size, eps_clip=loss.eps_clip, value_clip=loss.value_clip, vf_coef=loss.vf_coef),
+    )
+    return run_on_ray(cfg, ppo, run_dir, checkpoint, callbacks)

@@ -222,13 +222,15 @@ class GRPOTrainer(OLTrainer):
         eval_dataloader: DataLoader | None = None,
     ):
         """Train for `num_episodes` episodes; see the module docstring. Returns `LoopArtifacts`."""
-        return super().fit(num_episodes, num_collect_steps, num_update_steps, prompt_dataloader, pretrain_dataloader, log_dir, use_wandb, eval_dataloader, num_update_steps)
+        return super().fit(num_episodes, num_collect_steps, num_update_steps, prompt_dataloader, pretrain_dataloader, log_dir, use_wandb, eval_dataloader,
+                           (num_collect_steps, num_update_steps))
 
-    def _before_fit(self, prompt_dataloader, pretrain_dataloader, log_dir, use_wandb, eval_dataloader, num_update_steps) -> None:  # noqa: ANN001
+    def _before_fit(self, prompt_dataloader, pretrain_dataloader, log_dir, use_wandb, eval_dataloader, episode_shape) -> None:  # noqa: ANN001
         self.prompts, self.pretrain = open_loaders(self.ptx_coef, prompt_dataloader, pretrain_dataloader, self._pending_loader_states, "coati")
         self.eval_dataloader = eval_dataloader
         # pi_old differs from the current policy only after an optimizer step within the batch.
-        steps_per_pass = self._steps_per_episode(1, 1)
+        num_collect_steps, num_update_steps = episode_shape
+        steps_per_pass = self._steps_per_episode(num_collect_steps, 1)
         self.experience_maker.needs_old_log_probs = num_update_steps > 1 or steps_per_pass > 1 or self.sample_buffer
         run_dir = Path(log_dir) if log_dir else self.save_dir
         self._prepare_callbacks(run_dir, use_wandb, [RolloutSamples()] if run_dir is not None else [])
