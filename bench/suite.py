@@ -1,18 +1,20 @@
 """The benchmark suite: olingo vs a minimal PyTorch loop vs TRL, side by side in one run.
 
-    python bench/suite.py [--repeats 3] [--only rm|ppo] [--no-trl] [--quick]
+    python bench/suite.py [--repeats 3] [--only rm|ppo|grpo] [--no-trl] [--quick]
 
-Reward-model training (`bench/rm_run.py`, `bench/trl/rm_trl.py`) and PPO (`bench/ppo_run.py`,
-`bench/trl/ppo_trl.py`) run on the workloads of `bench/workload.py`: a base configuration and
-one variation per scaling axis (model size, sequence/response length, batch size). For each
-repeat, every configuration runs every implementation once, in a rotating order, each in a
-fresh process; reported numbers are medians over repeats of each run's median step. Ratios
-compare implementations within this one run. Writes bench/results/{rm,ppo}.{jsonl,md}.
+Reward-model training (`bench/rm_run.py`, `bench/trl/rm_trl.py`), PPO (`bench/ppo_run.py`,
+`bench/trl/ppo_trl.py`) and GRPO (`bench/grpo_run.py`, `bench/trl/grpo_trl.py`) run on the
+workloads of `bench/workload.py`: a base configuration and one variation per scaling axis (model
+size, sequence/response length, batch size; for GRPO the group size G and the response length).
+For each repeat, every configuration runs every implementation once, in a rotating order, each
+in a fresh process; reported numbers are medians over repeats of each run's median step. Ratios
+compare implementations within this one run. Writes bench/results/{rm,ppo,grpo}.{jsonl,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +31,13 @@ RM_AXES = [("size", "h256x4"), ("length", 128), ("batch_size", 16)]
 PPO_BASE = {"size": "h128x2", "response_length": 16, "batch_size": 16}
 PPO_AXES = [("size", "h256x4"), ("response_length", 32), ("batch_size", 32)]
 RM_OPTIM = {"lr": 1e-4, "weight_decay": 0.1, "adam_betas": [0.9, 0.95], "max_grad_norm": 1.0, "warmup_ratio": 0.025, "min_lr_ratio": 0.1, "seed": 0}
+# GRPO: B prompts x G responses = 128 rollouts per optimizer step in every configuration
+GRPO_CONFIGS = [
+    {"name": "base", "size": "h128x2", "batch_size": 16, "num_generations": 8, "response_length": 8},
+    {"name": "G=16,prompts=8", "size": "h128x2", "batch_size": 8, "num_generations": 16, "response_length": 8},
+    {"name": "response_length=32", "size": "h128x2", "batch_size": 16, "num_generations": 8, "response_length": 32},
+]
+GRPO_ALGO = {"temperature": 1.0, "lr": 1e-5, "eps_low": 0.2, "eps_high": 0.2, "seed": 0}
 PPO_ALGO = {"ppo_epochs": 1, "temperature": 1.0, "kl_coef": 0.05, "cliprange": 0.2, "vf_coef": 0.1, "cliprange_value": 0.2,
             "gamma": 1.0, "lam": 0.95, "lr": 1e-5, "seed": 0}
 
@@ -169,23 +178,119 @@ def ppo_markdown(rows: list[dict]) -> str:
     return intro + table(headers, lines)
 
 
+# ---- GRPO -----------------------------------------------------------------------------------
+def grpo_spec(config: dict, updates: int, warmup: int) -> dict:
+    models = workload.build_models(WORK, config["size"])
+    return {**GRPO_ALGO, "policy_dir": models["policy"], "prompts": workload.write_arithmetic_prompts(WORK, 512),
+            "batch_size": config["batch_size"], "num_generations": config["num_generations"], "response_length": config["response_length"],
+            "updates": updates, "warmup_updates": warmup}
+
+
+GRPO_PHASES = ("generation", "scoring", "reward_fn", "learn")
+
+
+def grpo_row(config: dict, impl: str, repeat: int, result: dict) -> dict:
+    steps = result["step_times_s"]
+    phases = [{**p, "learn": p.get("learn_fwd", 0.0) + p.get("learn_bwd", 0.0) + p.get("learn_optim", 0.0)} for p in result["phase_s"]]
+    row = {"bench": "grpo", "config": config["name"], **{k: v for k, v in config.items() if k != "name"}, "impl": impl, "repeat": repeat,
+           "step_s": median(steps), "peak_rss_mb": result["peak_rss_mb"], "mean_reward": sum(result["mean_reward"]) / len(result["mean_reward"])}
+    for phase in (*GRPO_PHASES, "learn_fwd", "learn_bwd", "learn_optim", "actor_fwd"):
+        row[f"{phase}_s"] = median([p.get(phase, 0.0) for p in phases])
+    # the rest of the step: outside generation, scoring and learning (clipping, logging, batching, hooks)
+    row["other_s"] = median([s - sum(p.get(k, 0.0) for k in ("generation", "scoring", "learn")) for s, p in zip(steps, phases, strict=True)])
+    tokens = config["batch_size"] * config["num_generations"] * config["response_length"]
+    row["gen_tokens_per_s"] = tokens / row["generation_s"] if row["generation_s"] else float("nan")
+    return row
+
+
+def run_grpo(args, impls: list[str]) -> list[dict]:
+    rows = []
+    for repeat in range(args.repeats):
+        for config in GRPO_CONFIGS:
+            spec = grpo_spec(config, args.grpo_updates, 2) | ({"threads": args.threads} if args.threads else {})
+            order = impls[repeat % len(impls):] + impls[: repeat % len(impls)]
+            for impl in order:
+                load = os.getloadavg()[0]  # other work on the machine when the run started (the tables use medians)
+                if impl.startswith("trl"):
+                    result = run_impl(trl_python("grpo"), BENCH / "trl" / "grpo_trl.py", {**spec, "mode": impl.split("-", 1)[1]}, WORK / "runs", f"grpo-{impl}")
+                else:
+                    result = run_impl(OLINGO_PYTHON, BENCH / "grpo_run.py", {**spec, "impl": impl}, WORK / "runs", f"grpo-{impl}")
+                row = grpo_row(config, impl, repeat, result) | {"load_avg_1m": load}
+                rows.append(row)
+                print(f"grpo {config['name']:>18} {impl:>9} r{repeat}: {row['step_s']:6.3f} s/step gen {row['generation_s']:.3f} "
+                      f"scoring {row['scoring_s']:.4f} learn {row['learn_s']:.3f} other {row['other_s']:.4f}  {row['peak_rss_mb']:6.0f} MB", flush=True)
+    return rows
+
+
+def ratio_spread(rows: list[dict], config: str, impl: str, base: str = "minimal") -> tuple[float, float, float]:
+    """impl / base per repeat (the two ran side by side): median, min, max over repeats."""
+    by = {(r["impl"], r["repeat"]): r["step_s"] for r in rows if r["config"] == config}
+    ratios = [by[(impl, k)] / by[(base, k)] for (i, k) in by if i == impl and (base, k) in by]
+    return median(ratios), min(ratios), max(ratios)
+
+
+def grpo_markdown(rows: list[dict], threads: int | None = None) -> str:
+    configs, impls = list(dict.fromkeys(r["config"] for r in rows)), list(dict.fromkeys(r["impl"] for r in rows))
+    repeats = len({r["repeat"] for r in rows})
+    summary_headers = ["config (prompts x G, response tokens)", "olingo s/step", "minimal s/step", "olingo / minimal: median [min-max]"]
+    has_trl = any(i.startswith("trl") for i in impls)
+    if has_trl:
+        summary_headers += ["TRL s/step", "TRL / minimal", "olingo / TRL"]
+    summary = []
+    for config in configs:
+        c = next(r for r in rows if r["config"] == config)
+        step = {i: median([r["step_s"] for r in rows if r["config"] == config and r["impl"] == i]) for i in impls}
+        mid, lo, hi = ratio_spread(rows, config, "olingo")
+        line = [f"{config} ({c['batch_size']} x {c['num_generations']}, {c['response_length']})", step["olingo"], step["minimal"], f"{mid:.3f} [{lo:.3f}-{hi:.3f}]"]
+        if has_trl:
+            trl = next(i for i in impls if i.startswith("trl"))
+            t_mid, t_lo, t_hi = ratio_spread(rows, config, trl)
+            o_mid, o_lo, o_hi = ratio_spread(rows, config, "olingo", trl)
+            line += [step[trl], f"{t_mid:.3f} [{t_lo:.3f}-{t_hi:.3f}]", f"{o_mid:.3f} [{o_lo:.3f}-{o_hi:.3f}]"]
+        summary.append(line)
+    headers = ["config", "impl", "s/step", "x minimal", "generation", "scoring", "(reward fn)", "learn", "other", "gen tok/s", "peak RSS MB", "mean reward"]
+    lines = []
+    for config in configs:
+        base = median([r["step_s"] for r in rows if r["config"] == config and r["impl"] == "minimal"])
+        for impl in impls:
+            mine = [r for r in rows if r["config"] == config and r["impl"] == impl]
+            m = {key: median([r[key] for r in mine]) for key in ("step_s", "generation_s", "scoring_s", "reward_fn_s", "learn_s", "other_s", "gen_tokens_per_s", "peak_rss_mb", "mean_reward")}
+            lines.append([config, impl, m["step_s"], m["step_s"] / base, m["generation_s"], m["scoring_s"], m["reward_fn_s"], m["learn_s"], m["other_s"],
+                          m["gen_tokens_per_s"], m["peak_rss_mb"], m["mean_reward"]])
+    intro = (f"## GRPO (fp32; one optimizer step = B prompts x G responses generated, scored by the arithmetic checker, group-normalised "
+             f"advantages, token-mean clipped loss, one AdamW step; mu = 1, kl_coef 0)\n\n"
+             f"Ratios are per repeat (the implementations ran side by side, in rotating order), then the median and range over {repeats} repeats. "
+             f"Torch intra-op threads: {threads or 'default (one per core)'}.\n\n")
+    detail = ("\n### Phases (median seconds per step)\n\n`scoring` is the time from the end of `generate` to the first forward with gradients "
+              "(decoding, the reward function, advantages, batching); `(reward fn)` is the part of it inside the reward call; `learn` is "
+              "forward with gradients + backward + optimizer step; `other` is the rest of the step (gradient clipping, logging, data, hooks).\n\n")
+    return intro + table(summary_headers, summary) + detail + table(headers, lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="runs of every implementation per configuration (medians are reported)")
-    parser.add_argument("--only", choices=["rm", "ppo"], help="run one benchmark")
+    parser.add_argument("--only", choices=["rm", "ppo", "grpo"], help="run one benchmark")
     parser.add_argument("--no-trl", action="store_true", help="skip TRL (no venvs are built)")
     parser.add_argument("--rm-steps", type=int, default=30, help="timed optimizer steps per reward-model run")
     parser.add_argument("--ppo-updates", type=int, default=8, help="timed updates per PPO run")
+    parser.add_argument("--grpo-updates", type=int, default=8, help="timed optimizer steps per GRPO run")
     parser.add_argument("--quick", action="store_true", help="1 repeat, few steps: a smoke run, not results")
+    parser.add_argument("--threads", type=int, help="GRPO: torch intra-op threads in every run (default: torch's, one per core)")
+    parser.add_argument("--grpo-name", default="grpo", help="GRPO: results file name under bench/results/ (e.g. grpo_threads1)")
     args = parser.parse_args()
     if args.quick:
-        args.repeats, args.rm_steps, args.ppo_updates = 1, 5, 2
+        args.repeats, args.rm_steps, args.ppo_updates, args.grpo_updates = 1, 5, 2, 2
     WORK.mkdir(parents=True, exist_ok=True)
     info = machine()
     if not args.no_trl:
         from bench.trl.env import versions
 
-        info["extra_versions"] = {"trl (RM)": versions("rm").get("trl", "?"), "trl (PPO)": versions("ppo").get("trl", "?")}
+        info["extra_versions"] = {}
+        if args.only in (None, "rm", "grpo"):
+            info["extra_versions"]["trl (RM, GRPO)"] = versions("rm").get("trl", "?")
+        if args.only in (None, "ppo"):
+            info["extra_versions"]["trl (PPO)"] = versions("ppo").get("trl", "?")
     start = time.time()
     if args.only in (None, "rm"):
         impls = ["minimal", "olingo"] + ([] if args.no_trl else ["trl-fp32", "trl-defaults"])
@@ -199,6 +304,13 @@ def main() -> None:
             trl_python("ppo")
         rows = run_ppo(args, impls)
         print(write_results("ppo", rows, info, ppo_markdown(rows)))
+    if args.only in (None, "grpo"):
+        impls = ["minimal", "olingo"] + ([] if args.no_trl else ["trl-fp32"])
+        if not args.no_trl:
+            trl_python("grpo")
+        rows = run_grpo(args, impls)
+        info_grpo = {**info, "git": f"{info['git']} (measured on its working tree)", "torch_threads": args.threads or "default (one per core)"}
+        print(write_results(args.grpo_name, rows, info_grpo, grpo_markdown(rows, args.threads)))
     print(f"done in {time.time() - start:.0f} s")
 
 

@@ -6,7 +6,9 @@ the same token ids from these files, so they do exactly the same work:
 - `reward/`, `value/`: `LlamaForSequenceClassification` (num_labels=1) from the same body, the
   reward model and the critic (TRL's value model has this format too);
 - `pairs_L<len>.jsonl`: preference pairs {chosen_input_ids, rejected_input_ids} of one length;
-- `prompts_P<len>.jsonl`: prompts {input_ids} of one length (no padding anywhere).
+- `prompts_P<len>.jsonl`: prompts {input_ids} of one length (no padding anywhere);
+- `arith_n<rows>.jsonl`: arithmetic prompts {prompt, input_ids, gt_answer} ("37+45=", answer "82"),
+  all of one length, for GRPO with the arithmetic checker as its reward.
 Token ids are drawn uniformly from the non-special tokens with a fixed seed. The chosen row
 differs from the rejected one by a learnable rule (it has more digits), so losses fall.
 """
@@ -89,3 +91,19 @@ def write_prompts(root: Path, length: int, rows: int, seed: int = 0) -> str:
 
 def read_jsonl(path: str) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def write_arithmetic_prompts(root: Path, rows: int, seed: int = 0) -> str:
+    """`rows` distinct problems "ab+cd=" / "ab-cd=" (two-digit operands, so every prompt has 6
+    tokens and nothing is padded) with their answers: {prompt, input_ids, gt_answer}."""
+    path = root / f"arith_n{rows}.jsonl"
+    if path.exists():
+        return str(path)
+    tokenizer = build_char_tokenizer()
+    problems = [(a, op, b) for a in range(10, 100) for b in range(10, 100) for op in "+-" if op == "+" or a >= b]
+    random.Random(seed).shuffle(problems)
+    with path.open("w") as handle:
+        for a, op, b in problems[:rows]:
+            text = f"{a}{op}{b}="
+            handle.write(json.dumps({"prompt": text, "input_ids": tokenizer(text)["input_ids"], "gt_answer": str(a + b if op == "+" else a - b)}) + "\n")
+    return str(path)

@@ -42,3 +42,20 @@ def test_ppo_runners_time_every_phase(work):
         for update, phases in zip(result["update_times_s"], result["phase_s"], strict=True):
             assert {"generation", "actor_fwd", "ref_fwd", "critic_fwd", "reward_fwd", "learn_fwd", "learn_bwd", "learn_optim"} <= set(phases), impl
             assert sum(phases.values()) < update
+
+
+def test_grpo_runners_time_every_phase(work):
+    root, models = work
+    spec = {"policy_dir": models["policy"], "prompts": workload.write_arithmetic_prompts(root, 16), "batch_size": 2, "num_generations": 4,
+            "response_length": 4, "temperature": 1.0, "lr": 1e-5, "eps_low": 0.2, "eps_high": 0.2, "updates": 2, "warmup_updates": 1,
+            "seed": 0, "threads": 1}
+    for impl in ("olingo", "minimal"):
+        result = run_impl(sys.executable, BENCH / "grpo_run.py", {**spec, "impl": impl}, root / "runs", f"grpo-{impl}")
+        assert len(result["step_times_s"]) == 2 and len(result["mean_reward"]) == 3, impl
+        assert all(0.0 <= r <= 1.0 for r in result["mean_reward"])
+        for step, phases in zip(result["step_times_s"], result["phase_s"], strict=True):
+            assert {"generation", "scoring", "reward_fn", "learn_fwd", "learn_bwd", "learn_optim"} <= set(phases), impl
+            # no old or reference log-probs at mu = 1 and kl_coef 0: the only forward without gradients is in generate
+            assert "actor_fwd" not in phases, impl
+            assert 0 < phases["reward_fn"] <= phases["scoring"], impl
+            assert phases["generation"] + phases["scoring"] + phases["learn_fwd"] + phases["learn_bwd"] + phases["learn_optim"] < step, impl

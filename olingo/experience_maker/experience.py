@@ -123,17 +123,26 @@ class BufferItem:
 
 
 def split_experience_batch(experience: Experience) -> list[BufferItem]:
-    """The B rollouts of a batch as unpadded items (the inverse of `make_experience_batch`)."""
+    """The B rollouts of a batch as unpadded items (the inverse of `make_experience_batch`).
+
+    Items are views into the batch's tensors (no copy). Lengths are read once for the whole
+    batch: a left-padded prompt is the last p_i columns of the prompt block (checked; a mask with
+    holes keeps exactly its attended tokens, by boolean indexing), a response the first a_i."""
     num_prompt = experience.num_prompt_tokens
+    prompt_mask = experience.attention_mask[:, :num_prompt].bool()
+    prompt_lengths = prompt_mask.sum(-1)
+    suffix = torch.arange(num_prompt, device=prompt_mask.device) >= (num_prompt - prompt_lengths).unsqueeze(-1)
+    contiguous = bool((suffix == prompt_mask).all())
+    lengths = experience.action_mask.sum(-1).tolist()
+    fields = {name: getattr(experience, name).unbind(0) for name in experience.per_token_fields}
+    rows = experience.sequences.unbind(0)
     items = []
-    for i in range(experience.batch_size):
-        prompt_mask = experience.attention_mask[i, :num_prompt].bool()
-        length = int(experience.action_mask[i].sum())
+    for i, (p, a) in enumerate(zip(prompt_lengths.tolist(), lengths, strict=True)):
         items.append(
             BufferItem(
-                prompt=experience.sequences[i, :num_prompt][prompt_mask],
-                response=experience.sequences[i, num_prompt : num_prompt + length],
-                per_token={name: getattr(experience, name)[i, :length] for name in experience.per_token_fields},
+                prompt=rows[i][num_prompt - p : num_prompt] if contiguous else rows[i][:num_prompt][prompt_mask[i]],
+                response=rows[i][num_prompt : num_prompt + a],
+                per_token={name: values[i][:a] for name, values in fields.items()},
                 score=experience.score[i],
                 raw_score=experience.raw_score[i],
                 truncated=experience.truncated[i],

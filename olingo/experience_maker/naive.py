@@ -99,6 +99,16 @@ class ScoredRollout:
 
 
 
+def decode_responses(tokenizer: Any, responses: torch.Tensor, action_mask: torch.Tensor) -> list[str]:
+    """The text of each response (B, A) up to its end, without special tokens. One batch_decode
+    when the pad token is special (what lies after an end is then dropped like the stop token);
+    else row by row, each row cut at its mask."""
+    mask = action_mask.bool()
+    if tokenizer.pad_token_id in getattr(tokenizer, "all_special_ids", ()):
+        return tokenizer.batch_decode(responses.masked_fill(~mask, tokenizer.pad_token_id), skip_special_tokens=True)
+    return [tokenizer.decode(row[keep], skip_special_tokens=True) for row, keep in zip(responses, mask, strict=True)]
+
+
 def score_rollout(
     reward: nn.Module | CompositeReward, tokenizer: Any, input_ids: torch.Tensor, rollout: Rollout,
     gt_answers: list[str | None] | None, row_fields: dict[str, list[Any]] | None,
@@ -110,7 +120,7 @@ def score_rollout(
     seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
     device = seq.device
     prompts = tokenizer.batch_decode(input_ids, skip_special_tokens=True)
-    responses = [tokenizer.decode(seq[i, -num_actions:][rollout.action_mask[i]], skip_special_tokens=True) for i in range(seq.shape[0])]
+    responses = decode_responses(tokenizer, seq[:, -num_actions:], rollout.action_mask)
     gt_answers = list(gt_answers) if gt_answers is not None else [None] * seq.shape[0]
     terms: dict[str, torch.Tensor] = {}
     if isinstance(reward, CompositeReward):

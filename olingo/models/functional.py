@@ -93,27 +93,39 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     """log softmax(logits)[label] per position, in float32.
 
     logits: (B, L, V), any float dtype; labels: (B, L) long, valid token ids. Returns (B, L)
-    float32. log p(y) = logit_y - logsumexp(logits), one batch row at a time: a float32 copy of
-    a whole (B, L, V) bf16 tensor is the largest allocation of a PPO step, one row of it is not.
+    float32. log p(y) = logit_y - logsumexp(logits), a chunk of rows at a time (`CHUNK_ELEMENTS`):
+    a float32 copy of a whole (B, L, V) bf16 tensor is the largest allocation of a PPO step.
     """
     picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1).float()
-    normaliser = torch.stack([torch.logsumexp(row.float(), dim=-1) for row in logits])
+    normaliser = torch.cat([torch.logsumexp(rows.float(), dim=-1) for rows in _row_chunks(logits)])
     return picked - normaliser
+
+
+# Rows of (B, L, V) logits handled at once: as many as keep a float32 copy under this many
+# elements (64 MiB), at least one. Small models go in one piece (no Python loop per row); a
+# large vocabulary goes a row at a time, as before.
+CHUNK_ELEMENTS = 1 << 24
+
+
+def _row_chunks(logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if logits.shape[0] == 0:
+        return (logits,)
+    return logits.split(max(1, CHUNK_ELEMENTS // max(1, logits[0].numel())))
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of softmax(logits) per position: H = -sum_v p_v log p_v, in float32.
 
-    logits: (B, L, V); returns (B, L) float32, one batch row at a time to bound memory.
+    logits: (B, L, V); returns (B, L) float32, in chunks of rows to bound memory (`CHUNK_ELEMENTS`).
     Vocabulary entries with p = 0 (e.g. -inf logits) contribute 0 rather than 0 * -inf = NaN.
     """
 
-    def row_entropy(row: torch.Tensor) -> torch.Tensor:
-        log_p = F.log_softmax(row.float(), dim=-1)
+    def rows_entropy(rows: torch.Tensor) -> torch.Tensor:
+        log_p = F.log_softmax(rows.float(), dim=-1)
         p = log_p.exp()
         return -(p * torch.where(p > 0, log_p, torch.zeros_like(log_p))).sum(dim=-1)
 
-    return torch.stack([row_entropy(row) for row in logits])
+    return torch.cat([rows_entropy(rows) for rows in _row_chunks(logits)])
 
 
 def kl_estimate(
