@@ -73,8 +73,9 @@ def test_groups_are_contiguous_and_generation_chunks_do_not_change_them(assets, 
         first = experience.advantages[:, 0].view(8, 4)
         torch.testing.assert_close(first.sum(-1), torch.zeros(8), atol=1e-5, rtol=0)
         assert experience.values is None and experience.base_action_log_probs is None and experience.kl is None
-    # chunked generation draws the same samples when each chunk holds whole groups in order
+    # in chunks of 4 sequences (one prompt's group per generate call) the batch is the same 8 whole groups
     assert rows[None].sequences.shape[0] == rows[4].sequences.shape[0]
+    assert torch.equal(rows[None].sequences[:, : rows[None].num_prompt_tokens], rows[4].sequences[:, : rows[4].num_prompt_tokens])
 
 
 def test_kl_coef_zero_never_builds_or_runs_a_reference(assets, tok, monkeypatch, tmp_path):
