@@ -216,3 +216,79 @@ class GroupPolicyLoss(nn.Module):
                 "ratio_max": torch.where(mask, ratio, torch.zeros_like(ratio)).max(),
             }
         return loss, stats
+
+
+# ---- offline preference optimisation (the DPO family) ------------------------------------------
+# Inputs are per-sequence log-probabilities of the response tokens, (B,): the sum over the
+# response's tokens (DPO, cDPO, KTO) or their mean (IPO, SimPO, ORPO: length-normalised, as each
+# function says). Every function returns per-row losses (B,); the trainer averages them over the
+# rows of the whole optimizer step, as the SFT and reward-model losses are.
+
+
+def implicit_rewards(policy_logps: torch.Tensor, ref_logps: torch.Tensor, beta: float) -> torch.Tensor:
+    """DPO's implicit reward beta (log pi(y|x) - log pi_ref(y|x)) (Rafailov et al. 2023, eq. 5). (B,) -> (B,)."""
+    return beta * (policy_logps - ref_logps)
+
+
+def preference_margin(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor) -> torch.Tensor:
+    """h = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l)). All (B,) -> (B,)."""
+    return (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
+
+
+def dpo_loss(margin: torch.Tensor, beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
+    """DPO (Rafailov et al. 2023, eq. 7): -log sigmoid(beta h); with label smoothing e, cDPO
+    (Mitchell 2023): -(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h), for preferences
+    flipped with probability e. margin: (B,) summed log-prob margins h -> (B,)."""
+    if not 0 <= label_smoothing < 0.5:
+        raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
+    loss = -F.logsigmoid(beta * margin)
+    if label_smoothing:
+        loss = (1 - label_smoothing) * loss - label_smoothing * F.logsigmoid(-beta * margin)
+    return loss
+
+
+def ipo_loss(margin: torch.Tensor, beta: float) -> torch.Tensor:
+    """IPO (Azar et al. 2023, eq. 17): (h - 1 / (2 beta))^2, a squared loss that does not push
+    the margin to infinity. olingo, as TRL, takes h from length-averaged log-probs (token means),
+    so the target 1/(2 beta) does not depend on response length. margin: (B,) -> (B,)."""
+    return (margin - 1 / (2 * beta)) ** 2
+
+
+def simpo_loss(chosen_mean_logps: torch.Tensor, rejected_mean_logps: torch.Tensor, beta: float, gamma: float) -> torch.Tensor:
+    """SimPO (Meng et al. 2024, eq. 6): -log sigmoid(beta/|y_w| log pi(y_w) - beta/|y_l| log pi(y_l)
+    - gamma), reference-free; inputs are token-mean log-probs (B,) -> (B,)."""
+    return -F.logsigmoid(beta * (chosen_mean_logps - rejected_mean_logps) - gamma)
+
+
+def log_odds(mean_logps: torch.Tensor) -> torch.Tensor:
+    """log(p / (1 - p)) for p = exp(mean token log-prob), computed as logp - log(-expm1(logp)) so
+    that p close to 1 does not lose precision. (B,) -> (B,); mean_logps must be < 0."""
+    return mean_logps - torch.log(-torch.expm1(mean_logps))
+
+
+def orpo_loss(chosen_mean_logps: torch.Tensor, rejected_mean_logps: torch.Tensor, chosen_nll: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """ORPO (Hong et al. 2024, eqs. 6-7): NLL(y_w) + lam x -log sigmoid(log odds(y_w) - log odds(y_l)).
+
+    chosen_mean_logps, rejected_mean_logps: (B,) token-mean log-probs of the responses;
+    chosen_nll: (B,) the chosen response's token-mean NLL (response tokens only). Returns
+    (per-row loss (B,), the odds-ratio term (B,) before lam, for logging)."""
+    ratio_loss = -F.logsigmoid(log_odds(chosen_mean_logps) - log_odds(rejected_mean_logps))
+    return chosen_nll + lam * ratio_loss, ratio_loss
+
+
+def kto_loss(
+    policy_logps: torch.Tensor, ref_logps: torch.Tensor, desirable: torch.Tensor, kl: torch.Tensor | float, beta: float,
+    desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
+) -> torch.Tensor:
+    """KTO (Ethayarajh et al. 2024, eq. 8) on unpaired rows.
+
+    policy_logps, ref_logps: (B,) summed response log-probs; desirable: (B,) bool; kl: the
+    reference point z = max(0, mean r over mismatched prompt/response pairs), detached (the
+    caller estimates it from its batch). r = log pi - log pi_ref; a desirable row loses
+    desirable_weight (1 - sigmoid(beta (r - z))), an undesirable one undesirable_weight
+    (1 - sigmoid(beta (z - r))). Returns (B,)."""
+    r = policy_logps - ref_logps
+    z = torch.as_tensor(kl, dtype=r.dtype, device=r.device).detach().clamp(min=0)
+    good = desirable_weight * (1 - torch.sigmoid(beta * (r - z)))
+    bad = undesirable_weight * (1 - torch.sigmoid(beta * (z - r)))
+    return torch.where(desirable.bool(), good, bad)
