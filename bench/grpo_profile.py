@@ -1,33 +1,34 @@
 """Where olingo's GRPO step spends the time the minimal loop does not.
 
-    python bench/grpo_profile.py [--steps 6] [--response-length 8] [--reps 30]
+    python bench/grpo_profile.py [--steps 8] [--response-length 8] [--reps 30]
 
-1. cProfile of olingo's `GRPOTrainer` steps (after 2 warm-up steps; the base configuration of
-   `suite.py`, phases not timed) and of the minimal loop's, reduced to the functions that make up a
-   step: cumulative seconds per step of each.
+1. Spans: the functions a step is made of, each wrapped from outside with a timer (no profiler
+   overhead on everything else), in olingo's `GRPOTrainer` and in the minimal loop, run as
+   `grpo_run.py` runs them (the base configuration of `suite.py`, phases not timed). Per step, after
+   2 warm-up steps: the median inclusive ms of each span and the exclusive ms (less the spans
+   inside it); `(rest of step)` is the step less every top-level span.
 2. The learn step's pieces timed side by side (interleaved, `--reps` rounds, medians): the minimal
    loop's forward + loss + backward against olingo's (`policy_logits` with attention mask and
    position ids, `log_probs_from_logits`, `GroupPolicyLoss`, backward, then the entropy statistic
    `entropy_from_logits`), and olingo's with one piece at a time replaced by the minimal loop's way.
-3. The scoring and batching pieces alone: olingo's `score_rollout` (per-row decode, reward), the
-   experience buffer round trip (`split_experience_batch` + `make_experience_batch`), against a
-   `batch_decode` and the checker.
+3. The scoring and batching pieces alone: olingo's `GroupExperienceMaker.sample` after generation
+   (per-row decode, reward, records), the experience buffer round trip (`split_experience_batch` +
+   `make_experience_batch`), against a `batch_decode` and the checker.
 Nothing in olingo is changed; the replacements are written here.
 
-On a busy machine, `--threads 1 --cpu-time` measures the work itself: one intra-op thread, and
-CPU time of that thread (`time.thread_time`, and cProfile's timer) instead of wall time, so time
-spent waiting for a core (or in an OpenMP barrier for a descheduled thread) is not counted.
+`--threads 1 --cpu-time` times with the calling thread's CPU time (`time.thread_time`) and one
+intra-op thread: less sensitive to other processes, though CPU time also grows when another process
+shares the core's caches, so compare rows of one run only.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
+import functools
 import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -37,79 +38,141 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from bench import grpo_run, suite, workload  # noqa: E402
 
-STEP_FUNCTIONS = [  # (label, file suffix, function name): the pieces of one step
-    ("episode (whole step)", "trainer/online.py", "_run_episode"),
-    ("  make experience", "trainer/grpo.py", "_make_experience"),
-    ("    generate (transformers)", "generation/utils.py", "generate"),
-    ("    rollout_from_responses", "engines/settings.py", "rollout_from_responses"),
-    ("    score_rollout", "experience_maker/naive.py", "score_rollout"),
-    ("    experience_info", "experience_maker/experience.py", "experience_info"),
-    ("    finish (advantages)", "experience_maker/group.py", "finish"),
-    ("  buffer append (split)", "experience_buffer/__init__.py", "append"),
-    ("  learn", "trainer/grpo.py", "_learn"),
-    ("    collate (make_experience_batch)", "experience_maker/experience.py", "make_experience_batch"),
-    ("    training_step", "trainer/grpo_learner.py", "training_step"),
-    ("      policy_logits (forward)", "experience_maker/naive.py", "policy_logits"),
-    ("      log_probs_from_logits", "models/functional.py", "log_probs_from_logits"),
-    ("      GroupPolicyLoss", "models/loss.py", "forward"),
-    ("      backward", "torch/_tensor.py", "backward"),
-    ("      entropy_from_logits", "models/functional.py", "entropy_from_logits"),
-    ("    optimizer_step (clip, AdamW, stats)", "trainer/grpo_learner.py", "optimizer_step"),
-    ("      clip_gradients", "booster/plugin/base.py", "clip_gradients"),
-    ("    _rollout_metrics", "trainer/grpo.py", "_rollout_metrics"),
-    ("    _after_step (logging, callbacks)", "trainer/online.py", "_after_step"),
-]
+
+class Spans:
+    """Inclusive and exclusive time of wrapped functions, per step."""
+
+    def __init__(self) -> None:
+        self.stack: list[list] = []  # [label, start, time in child spans]
+        self.step: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.steps: list[dict[str, list[float]]] = []
+        self.step_start = None
+        self.top = 0.0  # time in spans not inside another span, this step
+
+    def wrap(self, owner, attr: str, label: str) -> None:
+        original = getattr(owner, attr)
+        spans = self
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            spans.stack.append([label, CLOCK(), 0.0])
+            try:
+                return original(*args, **kwargs)
+            finally:
+                name, start, children = spans.stack.pop()
+                took = CLOCK() - start
+                spans.step[name][0] += took
+                spans.step[name][1] += took - children
+                if spans.stack:
+                    spans.stack[-1][2] += took
+                else:
+                    spans.top += took
+
+        setattr(owner, attr, timed)
+
+    def end_step(self) -> None:
+        now = CLOCK()
+        if self.step_start is not None:
+            took = now - self.step_start
+            self.steps.append({"(step)": [took, took], **self.step, "(outside every span)": [took - self.top] * 2})
+        self.step, self.step_start, self.top = defaultdict(lambda: [0.0, 0.0]), now, 0.0
+
+    def report(self, title: str, warmup: int) -> None:
+        steps = self.steps[warmup:]
+        labels = list(dict.fromkeys(k for s in steps for k in s))
+        print(f"\n## {title}: spans, median ms per step over {len(steps)} steps\n")
+        print("| span | inclusive | exclusive |\n|---|---|---|")
+        for label in labels:
+            inc = statistics.median([s.get(label, [0.0, 0.0])[0] for s in steps])
+            exc = statistics.median([s.get(label, [0.0, 0.0])[1] for s in steps])
+            print(f"| {label} | {1000 * inc:.2f} | {1000 * exc:.2f} |")
 
 
-def cumulative(stats: pstats.Stats, suffix: str, name: str) -> float:
-    """Cumulative seconds of every function `name` in a file ending with `suffix`."""
-    return sum(v[3] for (file, _, func), v in stats.stats.items() if func == name and file.endswith(suffix))
+def wrap_common(spans: Spans) -> None:
+    from transformers.generation.utils import GenerationMixin
+
+    spans.wrap(GenerationMixin, "generate", "generate (transformers)")
+    spans.wrap(torch.autograd, "backward", "backward")
+    spans.wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm_")
+    spans.wrap(torch.optim.AdamW, "step", "AdamW.step")
 
 
-def profile_olingo(spec: dict, steps: int) -> None:
+def spans_olingo(spec: dict) -> None:
+    from olingo.booster.plugin import base as plugin_base
+    from olingo.engines import hf
+    from olingo.experience_buffer import NaiveExperienceBuffer
+    from olingo.experience_maker import group
+    from olingo.models.loss import GroupPolicyLoss
     from olingo.trainer import grpo as grpo_module
+    from olingo.trainer import grpo_learner, online
     from olingo.trainer.callbacks import Callback
 
-    profiler, seen = cProfile.Profile(CLOCK), []
+    spans = Spans()
+    wrap_common(spans)
+    for owner, attr, label in [
+        (grpo_module.GRPOTrainer, "_make_experience", "_make_experience (collect step)"),
+        (hf.HFEngine, "generate", "HFEngine.generate"),
+        (hf, "build_generation_config", "build_generation_config"),
+        (hf, "rollout_from_responses", "rollout_from_responses"),
+        (group, "score_rollout", "score_rollout (decode, reward)"),
+        (group.GroupExperienceMaker, "finish", "finish (advantages)"),
+        (grpo_module.GRPOTrainer, "_learn", "_learn (minibatches to optimizer step)"),
+        (NaiveExperienceBuffer, "append", "buffer.append (split into rows)"),
+        (NaiveExperienceBuffer, "collate_fn", "collate (make_experience_batch)"),
+        (grpo_learner.GRPOLearner, "training_step", "training_step"),
+        (grpo_learner, "policy_logits", "policy_logits (model forward)"),
+        (grpo_learner, "log_probs_from_logits", "log_probs_from_logits"),
+        (GroupPolicyLoss, "forward", "GroupPolicyLoss"),
+        (grpo_learner, "entropy_from_logits", "entropy_from_logits"),
+        (grpo_learner.GRPOLearner, "optimizer_step", "optimizer_step"),
+        (plugin_base, "clip_gradients", "clip_gradients"),
+        (grpo_module.GRPOTrainer, "_rollout_metrics", "_rollout_metrics"),
+        (online.OLTrainer, "_after_step", "_after_step (logging, callbacks)"),
+    ]:
+        spans.wrap(owner, attr, label)
     original_fit = grpo_module.GRPOTrainer.fit
 
-    class StartAfterWarmup(Callback):
+    class StepEnd(Callback):
+        def on_episode_start(self, episode: int) -> None:
+            if spans.step_start is None:
+                spans.end_step()
+
         def on_episode_end(self, episode: int) -> None:
-            seen.append(episode)
-            if len(seen) == spec["warmup_updates"]:
-                profiler.enable()
-            elif len(seen) == spec["warmup_updates"] + steps:
-                profiler.disable()
+            spans.end_step()
 
     def fit(self, *args, **kwargs):
-        self.callbacks.append(StartAfterWarmup())
+        self.callbacks.append(StepEnd())
         return original_fit(self, *args, **kwargs)
 
     grpo_module.GRPOTrainer.fit = fit
-    try:
-        out = grpo_run.run_olingo({**spec, "updates": steps}, None)
-    finally:
-        grpo_module.GRPOTrainer.fit = original_fit
-    stats = pstats.Stats(profiler, stream=io.StringIO())
-    print(f"\n## olingo: cProfile, cumulative ms per step (wall-clock median step {1000 * statistics.median(out['step_times_s']):.1f} ms)\n")
-    print("| function | ms/step |\n|---|---|")
-    for label, suffix, name in STEP_FUNCTIONS:
-        print(f"| `{label}` | {1000 * cumulative(stats, suffix, name) / steps:.2f} |")
+    grpo_run.run_olingo(spec, None)
+    spans.report("olingo", spec["warmup_updates"])
 
 
-def profile_minimal(spec: dict, steps: int) -> None:
-    profiler = cProfile.Profile(CLOCK)
-    profiler.enable()
-    out = grpo_run.run_minimal({**spec, "updates": steps, "warmup_updates": 0}, None)
-    profiler.disable()
-    stats = pstats.Stats(profiler, stream=io.StringIO())
-    print(f"\n## minimal: cProfile, cumulative ms per step over all {steps} steps (wall-clock median step {1000 * statistics.median(out['step_times_s']):.1f} ms)\n")
-    print("| function | ms/step |\n|---|---|")
-    for label, suffix, name in [("generate", "generation/utils.py", "generate"), ("batch_decode", "tokenization_utils_base.py", "batch_decode"),
-                                ("arithmetic_rewards", "bench/grpo_run.py", "arithmetic_rewards"), ("token_log_probs (forward)", "bench/grpo_run.py", "token_log_probs"),
-                                ("backward", "torch/_tensor.py", "backward"), ("clip_grad_norm_", "nn/utils/clip_grad.py", "clip_grad_norm_"),
-                                ("AdamW step", "torch/optim/adam.py", "step")]:
-        print(f"| `{label}` | {1000 * cumulative(stats, suffix, name) / steps:.2f} |")
+def spans_minimal(spec: dict) -> None:
+    spans = Spans()
+    wrap_common(spans)
+    from transformers import PreTrainedTokenizerBase
+
+    spans.wrap(PreTrainedTokenizerBase, "batch_decode", "batch_decode")
+    spans.wrap(grpo_run, "arithmetic_rewards", "arithmetic_rewards")
+    spans.wrap(grpo_run, "token_log_probs", "token_log_probs (model forward)")
+
+    class Marker(grpo_run.PhaseClock):
+        """The minimal loop calls clock.take() before its first step and after each: only a step marker."""
+
+        def install(self, models):
+            return self
+
+        def wrap(self, fn, phase):
+            return fn
+
+        def take(self):
+            spans.end_step()
+            return {}
+
+    grpo_run.run_minimal(spec, Marker())
+    spans.report("minimal", spec["warmup_updates"])
 
 
 CLOCK = time.perf_counter
@@ -216,10 +279,10 @@ def scoring_pieces(spec: dict, reps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6, help="profiled steps (after 2 warm-up steps)")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps (after 2 warm-up steps)")
     parser.add_argument("--response-length", type=int, default=8)
     parser.add_argument("--reps", type=int, default=30, help="rounds of the side-by-side timings")
-    parser.add_argument("--only", choices=["cprofile", "learn", "scoring"])
+    parser.add_argument("--only", choices=["spans", "learn", "scoring"])
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--cpu-time", action="store_true", help="time with the calling thread's CPU time (use with --threads 1)")
     args = parser.parse_args()
@@ -233,9 +296,9 @@ def main() -> None:
     spec = suite.grpo_spec(config, args.steps, 2)
     torch.manual_seed(0)
     print(f"torch threads {torch.get_num_threads()}; clock {CLOCK.__name__}; config {config}")
-    if args.only in (None, "cprofile"):
-        profile_olingo(spec, args.steps)
-        profile_minimal(spec, args.steps)
+    if args.only in (None, "spans"):
+        spans_olingo(spec)
+        spans_minimal(spec)
     if args.only in (None, "learn"):
         learn_pieces(spec, args.reps)
     if args.only in (None, "scoring"):
