@@ -34,7 +34,7 @@ from olingo.recipes.common import (
     resolve_path,
 )
 from olingo.recipes.grpo_config import GRPOConfig, GRPOLoopConfig
-from olingo.recipes.ppo import PPOData, load_data
+from olingo.recipes.ppo import PPOData, load_data, resume_and_fit
 from olingo.recipes.ppo_config import generate_kwargs
 from olingo.recipes.rewards import load_reward
 from olingo.trainer._support import Evaluator
@@ -132,17 +132,4 @@ def run_grpo(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogCon
     trainer = build_trainer(cfg, setup, models, callbacks)
     attach_experiment(trainer, ctx, evaluators)
     # 5. resume, write the run directory, fit
-    if setup.checkpoint is not None:
-        trainer.load_checkpoint(setup.checkpoint)
-    setup.commit()
-    loop = cfg.loop
-    artifacts = trainer.fit(
-        loop.episodes, loop.collect_steps, loop.update_steps, data.prompts, data.pretrain,
-        log_dir=str(setup.run_dir), use_wandb=cfg.logging.wandb, eval_dataloader=data.eval_prompts,
-    )
-    return {
-        "run_dir": str(setup.run_dir),
-        "final_model": str(setup.run_dir / "checkpoints" / "final" / "actor"),
-        "eval": trainer.last_eval_metrics,
-        "steps": artifacts.completed_steps,
-    }
+    return resume_and_fit(trainer, setup, cfg, data)

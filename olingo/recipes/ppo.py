@@ -175,6 +175,12 @@ def run_ppo(cfg: PPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogConte
     trainer = build_trainer(cfg, setup, models, callbacks)
     attach_experiment(trainer, ctx, evaluators)
     # 5. resume, write the run directory, fit
+    return resume_and_fit(trainer, setup, cfg, data)
+
+
+def resume_and_fit(trainer: Any, setup: RunSetup, cfg: Any, data: PPOData) -> dict:
+    """The last step of an RL recipe (PPO, GRPO): restore the checkpoint to resume, write the
+    run directory, fit; the run directory, final actor, held-out metrics and step count."""
     if setup.checkpoint is not None:
         trainer.load_checkpoint(setup.checkpoint)
     setup.commit()
