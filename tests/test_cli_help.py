@@ -12,8 +12,8 @@ from olingo.experiment.config import plan_runs
 from olingo.trainer.callbacks import registered_callbacks
 
 STAGES = list(STAGE_SUMMARIES)
-PACKAGED = {"sft": "sft_tiny.yaml", "rm": "rm_tiny.yaml", "ppo": "ppo_tiny.yaml", "grpo": "grpo_tiny.yaml", "experiment": "experiment_sft_lr.yaml"}
-ARGV = {"sft": ["sft"], "rm": ["rm"], "ppo": ["ppo"], "grpo": ["grpo"], "experiment run": ["experiment", "run"], "plan": ["plan"]}
+PACKAGED = {stage: f"{stage}_tiny.yaml" for stage in STAGES} | {"experiment": "experiment_sft_lr.yaml"}
+ARGV = {stage: [stage] for stage in STAGES} | {"experiment run": ["experiment", "run"], "plan": ["plan"]}
 
 
 def help_text(argv: list[str], capsys) -> str:

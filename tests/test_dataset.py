@@ -111,6 +111,8 @@ STRING_ROW = {"prompt": "hi", "chosen": "yo", "rejected": "no"}
 STRING_ROW_IDS = {
     "chosen_input_ids": expected_ids("<s>", "U:hi\nA:yo", "</s>"),
     "rejected_input_ids": expected_ids("<s>", "U:hi\nA:no", "</s>"),
+    "chosen_loss_mask": [0] * 8 + [1, 1, 1],  # <s>U:hi\nA: | yo</s>
+    "rejected_loss_mask": [0] * 8 + [1, 1, 1],
 }
 
 

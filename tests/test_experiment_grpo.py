@@ -86,7 +86,7 @@ def test_grpo_arms_and_chains_accept_generation_benchmarks(tmp_path, assets):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["run={stage: sft}", "continual=[{name: rl, stage: grp}]"], "continual.rl.stage: expected one of sft, rm, ppo, grpo, got 'grp' (did you mean 'grpo'?)"),
+        (["run={stage: sft}", "continual=[{name: rl, stage: grp}]"], "continual.rl.stage: expected one of sft, rm, ppo, grpo, dpo, orpo, kto, got 'grp' (did you mean 'grpo'?)"),
         (["runs={R: {stage: rm}}", "continual=[{name: rl, stage: grpo}]"],
          "runs.R continual.rl.stage: grpo trains a policy and starts from one, but the stage before it (runs.R, rm) trains a reward model"),
         (["run={stage: sft}", "continual=[{name: r, stage: rm}, {name: p, stage: ppo}]"], "run continual.p.stage: ppo trains a policy"),

@@ -116,7 +116,7 @@ continual:
         (["runs={A: {stage: sft}}", "run={stage: sft}"], "exactly one of run, runs or matrix"),
         (["run={stage: sft}", "n_repeat=2"], "unknown key 'n_repeat' (did you mean 'n_repeats'?)"),
         (["run={stage: sft, train: {lerning_rate: 1}}"], "run.train: unknown key 'lerning_rate'"),
-        (["run={stage: stf}"], "run.stage: expected one of sft, rm, ppo, grpo, got 'stf' (did you mean 'sft'?)"),
+        (["run={stage: stf}"], "run.stage: expected one of sft, rm, ppo, grpo, dpo, orpo, kto, got 'stf' (did you mean 'sft'?)"),
         (["run={stage: sft, config: nowhere.yaml}"], "run.config: file not found"),
         (["run={stage: sft, run: {resume: last}}"], "leave run.resume unset"),
         (["run={stage: rm}", "benchmarks=[{kind: arithmetic}]"], "benchmark 'arithmetic' scores generated answers, but run is a rm stage"),

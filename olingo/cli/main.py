@@ -53,6 +53,9 @@ CONFIG_CLASSES = {
     "rm": ("olingo.recipes.rm", "RMConfig"),
     "ppo": ("olingo.recipes.ppo", "PPOConfig"),
     "grpo": ("olingo.recipes.grpo", "GRPOConfig"),
+    "dpo": ("olingo.recipes.dpo", "DPOConfig"),
+    "orpo": ("olingo.recipes.dpo", "ORPOConfig"),
+    "kto": ("olingo.recipes.dpo", "KTOConfig"),
     "experiment": ("olingo.experiment.config", "ExperimentConfig"),
 }
 STAGE_SUMMARIES = {
@@ -60,6 +63,9 @@ STAGE_SUMMARIES = {
     "rm": "train a reward model on preference pairs",
     "ppo": "PPO from an SFT model against a reward model or reward functions",
     "grpo": "critic-free RL (GRPO, Dr. GRPO, DAPO, RLOO, REINFORCE++) against reward functions or a reward model",
+    "dpo": "offline preference optimisation on chosen/rejected pairs: DPO, cDPO, IPO, SimPO",
+    "orpo": "odds-ratio preference optimisation: SFT and preference in one loss, no reference model",
+    "kto": "Kahneman-Tversky optimisation on completions labelled desirable or undesirable",
 }
 HELP_EXAMPLES: dict[str, tuple[HelpExample, ...]] = {
     "sft": (HelpExample("olingo sft --config my.yaml", "sft", ("train.lr=1e-4", "run.name=try2", "data.train=[a.jsonl,b.jsonl]")),),
@@ -78,6 +84,13 @@ HELP_EXAMPLES: dict[str, tuple[HelpExample, ...]] = {
             "olingo grpo --config my.yaml", "grpo", ("experience.advantage=dr_grpo", "loss.aggregation=seq_mean_token_sum_norm"),
         ),
     ),
+    "dpo": (
+        HelpExample("olingo dpo", "dpo", ("model.path=runs/sft-tiny/checkpoints/final/model", "dpo.beta=0.1", "data.train=[pairs.jsonl]")),
+        HelpExample("olingo dpo --config my.yaml", "dpo", ("dpo.loss_type=simpo", "dpo.beta=2.0", "dpo.gamma=1.0")),
+        HelpExample("olingo dpo --config my.yaml", "dpo", ("model.lora.r=16", "dpo.precompute_ref_log_probs=true")),
+    ),
+    "orpo": (HelpExample("olingo orpo", "orpo", ("model.path=my-base-model", "orpo.lam=0.1", "data.train=[pairs.jsonl]")),),
+    "kto": (HelpExample("olingo kto", "kto", ("model.path=runs/sft-tiny/checkpoints/final/model", "kto.desirable_weight=1.33", "data.train=[labelled.jsonl]")),),
     "experiment run": (HelpExample(
         "olingo experiment run olingo/configs/experiment_sft_lr.yaml", "experiment", ("n_repeats=3", "matrix.base.train.epochs=5", "overwrite=true"),
     ),),
@@ -89,7 +102,7 @@ HELP_EXAMPLES: dict[str, tuple[HelpExample, ...]] = {
 
 
 def config_class(stage: str) -> type:
-    """The config model of `stage` (sft, rm, ppo or experiment), imported now."""
+    """The config model of `stage` (a stage name or experiment), imported now."""
     module, name = CONFIG_CLASSES[stage]
     return getattr(importlib.import_module(module), name)
 
@@ -169,11 +182,12 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str, default_config: st
 def build_parser() -> argparse.ArgumentParser:
     """The `olingo` command line. Subcommands load their configs lazily (see `LazyParser`)."""
     parser = argparse.ArgumentParser(
-        prog="olingo", description="RLHF post-training: SFT, reward models, PPO and the GRPO family, from a laptop CPU to a GPU cluster.",
+        prog="olingo", description="RLHF post-training: SFT, reward models, PPO, the GRPO family and the DPO family, from a laptop CPU to a GPU cluster.",
         epilog="`olingo <command> --help` lists a command's config fields with their defaults.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=LazyParser)
-    for name, handler in (("sft", _cmd_sft), ("rm", _cmd_rm), ("ppo", _cmd_ppo), ("grpo", _cmd_grpo)):
+    stages = (("sft", _cmd_sft), ("rm", _cmd_rm), ("ppo", _cmd_ppo), ("grpo", _cmd_grpo), ("dpo", _cmd_offline), ("orpo", _cmd_offline), ("kto", _cmd_offline))
+    for name, handler in stages:
         _stage_parser(sub, name, f"{name}_tiny.yaml").set_defaults(handler=handler)
     demo = sub.add_parser(
         "demo",
@@ -209,7 +223,7 @@ def _experiment_parts() -> LazyParts:
     epilog = (
         f"Override any field with dotted KEY=VALUE arguments (values parse as YAML), e.g.\n{_examples('experiment run')}\n"
         "Unknown keys are errors. The experiment's fields (section.key  type  = default  meaning); each arm is an\n"
-        "olingo stage config (stage: sft|rm|ppo|grpo plus that stage's fields, see `olingo sft --help` and docs/experiments.md):\n"
+        "olingo stage config (stage: sft|rm|ppo|grpo|dpo|orpo|kto plus that stage's fields, see `olingo sft --help` and docs/experiments.md):\n"
         + config_help(config_class("experiment"), notes=notes)
     )
     return LazyParts(epilog)
@@ -315,6 +329,20 @@ def _cmd_grpo(args: argparse.Namespace) -> int:
     return _print_rl_result(run_grpo(_load(args)))
 
 
+def _cmd_offline(args: argparse.Namespace) -> int:
+    from olingo.recipes import dpo
+
+    run = {"dpo": dpo.run_dpo, "orpo": dpo.run_orpo, "kto": dpo.run_kto}[args.command]
+    result = run(_load(args))
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"run directory: {result['run_dir']}")
+        print(f"final model:   {result['final_model']}")
+        for name in ("eval/loss", "eval/rewards/accuracies", "eval/rewards/margins"):
+            if name in (result["eval"] or {}):
+                print(f"held-out {name.removeprefix('eval/')}: {result['eval'][name]:.4f}")
+    return 0
+
+
 def _print_rl_result(result: dict[str, Any]) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"run directory: {result['run_dir']}")
@@ -372,7 +400,7 @@ def _resume_hint(args: argparse.Namespace, stop: TrainingInterrupted) -> str:
     if stop.checkpoint is None:
         return ""
     run_dir = stop.checkpoint.parent.parent
-    if args.command in ("sft", "rm", "ppo", "grpo"):
+    if args.command in ("sft", "rm", "ppo", "grpo", "dpo", "orpo", "kto"):
         return f"; resume with: olingo {args.command} --config {run_dir / 'config.yaml'} run.resume=last"
     return f"; its run directory is {run_dir} (config.yaml there; continue it with run.resume=last)"
 

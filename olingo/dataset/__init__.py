@@ -31,3 +31,21 @@ from olingo.dataset.sft import (  # noqa: E402
 )
 
 __all__ += ["SFTCollator", "SFTDataset", "SFTExample", "build_sft_dataset", "parse_sft_row", "tokenize_sft"]
+
+from olingo.dataset.unpaired import (  # noqa: E402
+    UnpairedCollator,
+    UnpairedDataset,
+    UnpairedExample,
+    build_unpaired_dataset,
+    parse_unpaired_row,
+    tokenize_unpaired,
+)
+
+__all__ += [
+    "UnpairedCollator",
+    "UnpairedDataset",
+    "UnpairedExample",
+    "build_unpaired_dataset",
+    "parse_unpaired_row",
+    "tokenize_unpaired",
+]

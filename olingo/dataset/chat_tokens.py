@@ -67,11 +67,34 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
     return length
 
 
-def left_truncate(prompt_ids: list[int], response_ids: list[int], max_length: int) -> list[int]:
-    """``prompt_ids + response_ids``, dropping tokens from the start to fit ``max_length``.
+def assistant_token_mask(
+    tokenizer: Any, messages: list[Message], ids: list[int], first_turn: int = 0
+) -> list[int]:
+    """1 on the tokens of each assistant turn in ``messages[first_turn:]``, 0 elsewhere.
+
+    ``ids`` is ``messages`` rendered by ``encode_chat``. A turn's tokens are those between
+    "conversation so far + generation prompt" and "conversation through this turn": its
+    content and its end-of-turn token. This needs no ``{% generation %}`` markers, only a
+    template that renders a conversation's prefixes as prefixes of its tokens.
+    """
+    mask = [0] * len(ids)
+    for i in range(first_turn, len(messages)):
+        if messages[i]["role"] != "assistant":
+            continue
+        opening = encode_chat(tokenizer, messages[:i], add_generation_prompt=True)
+        start = common_prefix_length(opening, ids)
+        end = common_prefix_length(encode_chat(tokenizer, messages[: i + 1]), ids)
+        mask[start:end] = [1] * (end - start)
+    return mask
+
+
+def left_truncate(
+    ids: list[int], mask: list[int], max_length: int
+) -> tuple[list[int], list[int]]:
+    """``ids`` and its aligned ``mask``, both losing the same tokens from the start to fit.
 
     The end is what matters: the reward model scores the last token and the policy is
     trained on the response, so the prompt's beginning is what gets cut.
     """
-    ids = prompt_ids + response_ids
-    return ids[-max_length:] if len(ids) > max_length else ids
+    cut = max(0, len(ids) - max_length)
+    return ids[cut:], mask[cut:]

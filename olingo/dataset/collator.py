@@ -1,13 +1,18 @@
-"""Pad a batch of preference pairs to one common length for a single (2B, L) forward."""
+"""Pad a batch of preference pairs to one common length for a single (2B, L) forward.
+
+The padding and ``ref_*`` stacking helpers are shared with the unpaired (KTO) collator.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 _SIDES = ("chosen", "rejected")
+REF_PREFIX = "ref_"
 
 
 @dataclass(frozen=True)
@@ -15,40 +20,68 @@ class PreferenceCollator:
     """Collate PreferenceDataset items into padded ``(B, L)`` long tensors.
 
     Returns ``chosen_input_ids``, ``chosen_attention_mask``, ``rejected_input_ids`` and
-    ``rejected_attention_mask``. L is the longest chosen-or-rejected row of this batch, the
-    same for both sides, so a trainer can ``torch.cat`` them into one (2B, L) forward.
-    ``padding_side`` is "right" (real tokens first) or "left" (padding first).
+    ``rejected_attention_mask``; ``chosen_loss_mask`` and ``rejected_loss_mask`` (0 on
+    padding) when the items carry them; and every ``ref_*`` float field of the items (e.g.
+    ``ref_chosen_logps``, reference log-probs a trainer precomputed) as a ``(B,)`` float32
+    tensor. L is the longest chosen-or-rejected row of this batch, the same for both sides,
+    so a trainer can ``torch.cat`` them into one (2B, L) forward. ``padding_side`` is
+    "right" (real tokens first) or "left" (padding first).
     """
 
     pad_token_id: int
     padding_side: str = "right"
 
     def __post_init__(self) -> None:
-        if isinstance(self.pad_token_id, bool) or not isinstance(self.pad_token_id, int):
-            raise ValueError(
-                f"pad_token_id must be an int, got {self.pad_token_id!r}; a tokenizer without a "
-                "pad token can use its eos token id"
-            )
+        check_pad_token_id(self.pad_token_id)
         if self.padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
 
-    def __call__(self, items: Sequence[Mapping[str, Sequence[int]]]) -> dict[str, torch.Tensor]:
+    def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not items:
             raise ValueError("cannot collate an empty batch")
         length = max(len(item[f"{side}_input_ids"]) for item in items for side in _SIDES)
         batch: dict[str, torch.Tensor] = {}
+        pad_side = self.padding_side
         for side in _SIDES:
             rows = [item[f"{side}_input_ids"] for item in items]
-            batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"] = self._pad(rows, length)
+            batch[f"{side}_input_ids"] = pad_rows(rows, length, self.pad_token_id, pad_side)
+            ones = [[1] * len(row) for row in rows]
+            batch[f"{side}_attention_mask"] = pad_rows(ones, length, 0, pad_side)
+            if f"{side}_loss_mask" in items[0]:
+                masks = [item[f"{side}_loss_mask"] for item in items]
+                batch[f"{side}_loss_mask"] = pad_rows(masks, length, 0, pad_side)
+        batch.update(stack_ref_fields(items))
         return batch
 
-    def _pad(self, rows: list[Sequence[int]], length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids, attention mask), both (len(rows), length), padded on ``padding_side``."""
-        ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)
-        for i, row in enumerate(rows):
-            n = len(row)
-            start = 0 if self.padding_side == "right" else length - n
-            ids[i, start : start + n] = torch.as_tensor(row, dtype=torch.long)
-            mask[i, start : start + n] = 1
-        return ids, mask
+
+def check_pad_token_id(pad_token_id: Any) -> None:
+    """Refuse a pad token id that is not an int (a tokenizer's None, most often)."""
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
+        raise ValueError(
+            f"pad_token_id must be an int, got {pad_token_id!r}; a tokenizer without a "
+            "pad token can use its eos token id"
+        )
+
+
+def pad_rows(
+    rows: Sequence[Sequence[int]], length: int, value: int, padding_side: str = "right"
+) -> torch.Tensor:
+    """A ``(len(rows), length)`` long tensor of ``rows``, filled out with ``value``.
+
+    "right" puts each row at the start (padding after it), "left" at the end.
+    """
+    out = torch.full((len(rows), length), value, dtype=torch.long)
+    for i, row in enumerate(rows):
+        start = 0 if padding_side == "right" else length - len(row)
+        out[i, start : start + len(row)] = torch.as_tensor(row, dtype=torch.long)
+    return out
+
+
+def stack_ref_fields(items: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+    """Each ``ref_*`` field holding a python float, stacked over the batch into ``(B,)`` float32.
+
+    Trainers that precompute reference-model log-probs store them on the items under
+    ``ref_`` names; they travel with their rows through shuffling and collation.
+    """
+    names = [k for k, v in items[0].items() if k.startswith(REF_PREFIX) and isinstance(v, float)]
+    return {k: torch.tensor([item[k] for item in items], dtype=torch.float32) for k in names}

@@ -18,7 +18,11 @@ from typing import Any
 
 from jinja2.exceptions import TemplateError
 
-from olingo.dataset.chat_tokens import left_truncate, split_prompt_response
+from olingo.dataset.chat_tokens import (
+    assistant_token_mask,
+    left_truncate,
+    split_prompt_response,
+)
 from olingo.dataset.messages import Message, RowRef, missing_reason, parse_turns
 
 _RESPONSE_SIDES = ("chosen", "rejected")
@@ -63,7 +67,7 @@ def parse_preference_row(
     return PreferenceExample(prompt, chosen, rejected, source=source, row=row)
 
 
-def _require(raw: dict[str, Any], key: str, ref: RowRef) -> Any:
+def require_field(raw: dict[str, Any], key: str, ref: RowRef) -> Any:
     """``raw[key]``, or a DataError saying it is missing."""
     value = raw.get(key)
     if value is None:
@@ -78,16 +82,17 @@ def _parse_with_prompt(
     prompt = parse_turns(raw[prompt_key], prompt_key, ref, role_key=role_key, string_role="user")
     responses = []
     for side in _RESPONSE_SIDES:
-        value = _require(raw, side, ref)
+        value = require_field(raw, side, ref)
         turns = parse_turns(value, side, ref, role_key=role_key, string_role="assistant")
-        _check_response(turns, side, ref, role_key=role_key, first_index=_index_of(value))
+        check_response(turns, side, ref, role_key=role_key, first_index=_index_of(value))
         responses.append(turns)
     return prompt, *responses
 
 
 def _parse_implicit(raw: dict[str, Any], ref: RowRef) -> tuple[list[Message], ...]:
     """Format (b) without ``prompt``: the shared opening turns of two full conversations."""
-    chosen_raw, rejected_raw = _require(raw, "chosen", ref), _require(raw, "rejected", ref)
+    chosen_raw = require_field(raw, "chosen", ref)
+    rejected_raw = require_field(raw, "rejected", ref)
     if isinstance(chosen_raw, str) or isinstance(rejected_raw, str):
         reason = f"{missing_reason(raw)}; without it chosen and rejected must be full conversations"
         raise ref.error("prompt", reason)
@@ -98,7 +103,7 @@ def _parse_implicit(raw: dict[str, Any], ref: RowRef) -> tuple[list[Message], ..
         reason = "missing, and chosen and rejected do not open with a shared user or system turn"
         raise ref.error("prompt", reason)
     for side, turns in (("chosen", chosen), ("rejected", rejected)):
-        _check_response(turns[shared:], side, ref, role_key="role", first_index=shared)
+        check_response(turns[shared:], side, ref, role_key="role", first_index=shared)
     return chosen[:shared], chosen[shared:], rejected[shared:]
 
 
@@ -122,7 +127,7 @@ def _index_of(value: Any) -> int | None:
     return None if isinstance(value, str) else 0
 
 
-def _check_response(
+def check_response(
     turns: list[Message], side: str, ref: RowRef, *, role_key: str, first_index: int | None
 ) -> None:
     """A response must exist, open with an assistant turn and say something in each turn.
@@ -147,41 +152,55 @@ def _check_response(
 def tokenize_preference(
     example: PreferenceExample, tokenizer: Any, max_length: int
 ) -> dict[str, list[int]]:
-    """``chosen_input_ids`` and ``rejected_input_ids`` for ``example``, each at most ``max_length``.
+    """Token ids and loss masks of both sides of ``example``, each at most ``max_length`` long.
 
-    Each side is the tokenizer's chat template applied to prompt + response. A side
-    longer than ``max_length`` loses tokens from its start (the prompt's beginning); a
-    response that alone exceeds ``max_length`` cannot fit and raises DataError naming
-    the side.
+    Keys: ``chosen_input_ids``, ``chosen_loss_mask``, ``rejected_input_ids``,
+    ``rejected_loss_mask``. Each side is the tokenizer's chat template applied to prompt +
+    response; its loss mask (same length, 0/1) is 1 exactly on the response's assistant
+    turns (content and end-of-turn token) and 0 on the prompt and on any other turn. A side
+    longer than ``max_length`` loses tokens from its start (the prompt's beginning), ids and
+    mask alike; a response that alone exceeds ``max_length`` cannot fit and raises DataError
+    naming the side.
     """
     ref = RowRef(example.source or "<data>", example.row)
-    return {
-        f"{side}_input_ids": _tokenize_side(
+    item: dict[str, list[int]] = {}
+    for side in _RESPONSE_SIDES:
+        prompt_ids, response_ids, response_mask = tokenize_prompt_response(
             example.prompt, getattr(example, side), side, tokenizer, max_length, ref
         )
-        for side in _RESPONSE_SIDES
-    }
+        ids, mask = left_truncate(
+            prompt_ids + response_ids, [0] * len(prompt_ids) + response_mask, max_length
+        )
+        item[f"{side}_input_ids"], item[f"{side}_loss_mask"] = ids, mask
+    return item
 
 
-def _tokenize_side(
+def tokenize_prompt_response(
     prompt: list[Message],
     response: list[Message],
-    side: str,
+    field: str,
     tokenizer: Any,
     max_length: int,
     ref: RowRef,
-) -> list[int]:
-    """Token ids of prompt + one response, left-truncated to ``max_length``."""
+) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, response ids, response loss mask), untruncated.
+
+    The mask is aligned with the response ids (see ``assistant_token_mask``). Raises
+    DataError naming ``field`` when the chat template rejects the conversation or the
+    response alone is longer than ``max_length``.
+    """
     try:
         prompt_ids, response_ids = split_prompt_response(tokenizer, prompt, response)
+        ids = prompt_ids + response_ids
+        mask = assistant_token_mask(tokenizer, prompt + response, ids, first_turn=len(prompt))
     except TemplateError as exc:
         # Templates reject some conversations themselves (e.g. a system turn, or roles
         # that do not alternate) with raise_exception: that is a data problem too.
-        raise ref.error(side, f"the chat template rejected this conversation: {exc}") from exc
+        raise ref.error(field, f"the chat template rejected this conversation: {exc}") from exc
     if len(response_ids) > max_length:
         reason = (
             f"the response alone is {len(response_ids)} tokens, more than max_length={max_length} "
             f"(the prompt before it is {len(prompt_ids)} tokens); cutting the prompt cannot make it fit"
         )
-        raise ref.error(side, reason)
-    return left_truncate(prompt_ids, response_ids, max_length)
+        raise ref.error(field, reason)
+    return prompt_ids, response_ids, mask[len(prompt_ids) :]

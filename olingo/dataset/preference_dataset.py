@@ -20,9 +20,11 @@ PreferenceItem = dict[str, list[int]]
 
 
 class PreferenceDataset(Dataset):
-    """Tokenised preference pairs: items are ``{"chosen_input_ids", "rejected_input_ids"}``.
+    """Tokenised preference pairs: items are ``{"chosen_input_ids", "chosen_loss_mask",
+    "rejected_input_ids", "rejected_loss_mask"}``.
 
-    Each value is a python list of token ids, unpadded; PreferenceCollator pads a batch.
+    Each value is a python list, unpadded (the masks are 1 on the response's assistant tokens);
+    PreferenceCollator pads a batch.
     ``num_skipped`` counts the invalid rows left out by ``skip_invalid=True``.
     """
 

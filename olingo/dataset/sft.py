@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from olingo.dataset.chat_tokens import common_prefix_length, encode_chat
+from olingo.dataset.chat_tokens import assistant_token_mask, encode_chat
 from olingo.dataset.messages import (
     Message,
     RowRef,
@@ -70,13 +70,7 @@ def tokenize_sft(example: SFTExample, tokenizer: Any, max_length: int) -> dict[s
     """{"input_ids", "loss_mask"} with loss_mask[t] = 1 on assistant tokens."""
     messages = example.messages
     ids = encode_chat(tokenizer, messages)
-    mask = [0] * len(ids)
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start = common_prefix_length(encode_chat(tokenizer, messages[:i], add_generation_prompt=True), ids)
-        end = common_prefix_length(encode_chat(tokenizer, messages[: i + 1]), ids)
-        mask[start:end] = [1] * (end - start)
+    mask = assistant_token_mask(tokenizer, messages, ids)
     ids, mask = ids[:max_length], mask[:max_length]
     if not any(mask):
         ref = RowRef(example.source or "<data>", example.row)

@@ -1,7 +1,7 @@
 """The experiment config and its expansion into runs.
 
 An experiment file names its arms in exactly one of three ways, each arm being an olingo stage
-config (`stage: sft|rm|ppo|grpo` plus that stage's fields, optionally on top of a `config:` file):
+config (`stage: sft|rm|ppo|grpo|dpo|orpo|kto` plus that stage's fields, optionally on top of a `config:` file):
 
     run:    {stage: sft, train: {lr: 1e-3}}                 one arm, named after the experiment
     runs:   {small_lr: {stage: sft, ...}, big_lr: {...}}    arms by name
@@ -85,7 +85,7 @@ class ContinualStage(StrictModel):
     """
 
     name: str = Field(..., description="stage name; its runs are named <replicate>__<name>")
-    stage: str | None = Field(None, description="stage kind (sft|rm|ppo|grpo; default: the kind of the stage before it)")
+    stage: str | None = Field(None, description="stage kind (sft|rm|ppo|grpo|dpo|orpo|kto; default: the kind of the stage before it)")
     config: str | None = Field(None, description="base config file of this stage (packaged:<name> or a path relative to the experiment file)")
     overrides: dict = Field(default_factory=dict, description="changes to the stage's base config (nested or dotted keys)")
 
@@ -101,7 +101,7 @@ class ExperimentConfig(StrictModel):
     success_mode: Literal["max", "min"] = Field("max", description="whether a higher or lower success_metric is better")
     n_repeats: int = Field(1, ge=1, description="seeds per arm")
     base_seed: int | None = Field(None, ge=0, description="first seed; replicate i uses base_seed + i (default: the arm's run.seed)")
-    run: dict | None = Field(None, description="a single arm: {stage: sft|rm|ppo|grpo, config?: file, ...stage fields}")
+    run: dict | None = Field(None, description="a single arm: {stage: sft|rm|ppo|grpo|dpo|orpo|kto, config?: file, ...stage fields}")
     runs: dict[str, dict] | None = Field(None, description="arms by name: {name: {stage: ..., ...}}")
     matrix: MatrixSpec | None = Field(None, description="arms as a Cartesian product over dotted paths")
     continual: list[ContinualStage] = Field(default_factory=list, description="stages after each arm, [{name, stage?, config?, overrides}], each from the previous final weights; stage may be another kind (SFT -> GRPO)")
@@ -224,7 +224,7 @@ class Stage:
     """How the runner drives one olingo stage."""
 
     config_model: type[StrictModel]
-    run: Callable[..., dict]  # run_sft / run_rm / run_ppo / run_grpo
+    run: Callable[..., dict]  # run_sft / run_rm / run_ppo / run_grpo / run_dpo / ...
     model_path: str  # dotted field that a continual stage points at the previous final weights
     # The trained model is a policy (a causal LM that writes answers): benchmarks that decode
     # need one, and so does a policy stage continuing from it.
@@ -234,6 +234,7 @@ class Stage:
 
 def stages() -> dict[str, Stage]:
     """The stages an arm may name (imported lazily: they pull in torch and transformers)."""
+    from olingo.recipes.dpo import DPOConfig, KTOConfig, ORPOConfig, run_dpo, run_kto, run_orpo
     from olingo.recipes.grpo import GRPOConfig, check_grpo_config, run_grpo
     from olingo.recipes.ppo import PPOConfig, check_ppo_config, run_ppo
     from olingo.recipes.rm import RMConfig, run_rm
@@ -244,6 +245,9 @@ def stages() -> dict[str, Stage]:
         "rm": Stage(RMConfig, run_rm, "model.path", generates=False),
         "ppo": Stage(PPOConfig, run_ppo, "model.actor", generates=True, check=check_ppo_config),
         "grpo": Stage(GRPOConfig, run_grpo, "model.actor", generates=True, check=check_grpo_config),
+        "dpo": Stage(DPOConfig, run_dpo, "model.path", generates=True),
+        "orpo": Stage(ORPOConfig, run_orpo, "model.path", generates=True),
+        "kto": Stage(KTOConfig, run_kto, "model.path", generates=True),
     }
 
 

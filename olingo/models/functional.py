@@ -101,6 +101,19 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     return picked - normaliser
 
 
+def sequence_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probability of each row's masked tokens, and how many there are.
+
+    logits: (B, L, V) from a causal LM; input_ids, mask: (B, L). Position t predicts token t+1,
+    so token t counts when mask[t] is nonzero, for t = 1..L-1. Returns (sums (B,), counts (B,)),
+    both float32: log pi(y|x) of the DPO family (Rafailov et al. 2023) is `sums`, the
+    length-normalised one (SimPO, IPO, ORPO) `sums / counts`.
+    """
+    token_logps = log_probs_from_logits(logits[:, :-1], input_ids[:, 1:])
+    keep = mask[:, 1:]
+    return masked_sum(token_logps, keep, dim=-1), keep.bool().sum(-1).to(torch.float32)
+
+
 # Rows of (B, L, V) logits handled at once: as many as keep a float32 copy under this many
 # elements (64 MiB), at least one. Small models go in one piece (no Python loop per row); a
 # large vocabulary goes a row at a time, as before.

@@ -18,9 +18,11 @@ Two directory formats, because an export and a resume need different things:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -151,3 +153,27 @@ def load_trainable(model: nn.Module, state: dict[str, torch.Tensor], what: str) 
     if missing or unexpected:
         raise KeyError(f"{what}: LoRA state does not match the model ({len(missing)} missing, e.g. {missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]})")
     model.load_state_dict(state, strict=False)  # shape mismatches raise here
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """Run `model` as its frozen base: every LoRA layer skips its adapter inside the block.
+
+    The reference policy of a LoRA run (DPO, KTO) is the base model with adapters disabled, so no
+    second copy of the model is ever loaded. peft's `enable_adapters` also flips requires_grad,
+    so each parameter's flag is restored exactly on the way out.
+    """
+    layer_type = _tuner_layer()
+    layers = [m for m in model.modules() if layer_type is not None and isinstance(m, layer_type)]
+    if not layers:
+        raise ValueError("the model has no LoRA adapters to disable")
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+        for p, flag in flags:
+            p.requires_grad_(flag)

@@ -9,6 +9,9 @@ clip-higher, the dual clip, a KL-to-reference term and three ways to aggregate t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -235,15 +238,17 @@ def preference_margin(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor
     return (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
 
 
-def dpo_loss(margin: torch.Tensor, beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
-    """DPO (Rafailov et al. 2023, eq. 7): -log sigmoid(beta h); with label smoothing e, cDPO
-    (Mitchell 2023): -(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h), for preferences
-    flipped with probability e. margin: (B,) summed log-prob margins h -> (B,)."""
+def dpo_loss(margin: torch.Tensor, beta: float, label_smoothing: float = 0.0, gamma: float = 0.0) -> torch.Tensor:
+    """DPO (Rafailov et al. 2023, eq. 7): -log sigmoid(beta h - gamma); with label smoothing e,
+    cDPO (Mitchell 2023): -(1 - e) log sigmoid(beta h - gamma) - e log sigmoid(-(beta h - gamma)),
+    for preferences flipped with probability e. gamma is a target reward margin (0 in the paper;
+    ColossalChat's `gamma`). margin: (B,) log-prob margins h -> (B,)."""
     if not 0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
-    loss = -F.logsigmoid(beta * margin)
+    logits = beta * margin - gamma
+    loss = -F.logsigmoid(logits)
     if label_smoothing:
-        loss = (1 - label_smoothing) * loss - label_smoothing * F.logsigmoid(-beta * margin)
+        loss = (1 - label_smoothing) * loss - label_smoothing * F.logsigmoid(-logits)
     return loss
 
 
@@ -292,3 +297,80 @@ def kto_loss(
     good = desirable_weight * (1 - torch.sigmoid(beta * (r - z)))
     bad = undesirable_weight * (1 - torch.sigmoid(beta * (z - r)))
     return torch.where(desirable.bool(), good, bad)
+
+
+@dataclass
+class SequenceLogps:
+    """Log-probabilities of a batch of responses: `sums` (B,) = log pi(y|x) summed over the
+    response tokens, `counts` (B,) = how many tokens (float32, at least 1 for a valid row)."""
+
+    sums: torch.Tensor
+    counts: torch.Tensor
+
+    @property
+    def means(self) -> torch.Tensor:
+        """Token-mean log-probabilities (B,): the length-normalised log pi(y|x) / |y|."""
+        return self.sums / self.counts.clamp(min=1)
+
+    def detach(self) -> SequenceLogps:
+        return SequenceLogps(self.sums.detach(), self.counts)
+
+
+DPOLossType = Literal["sigmoid", "cdpo", "ipo", "simpo"]
+REFERENCE_FREE: tuple[str, ...] = ("simpo",)
+
+
+@dataclass(frozen=True)
+class DPOLoss:
+    """The DPO family's loss on one batch of pairs: `sigmoid` (DPO), `cdpo` (DPO with
+    `label_smoothing`), `ipo` (on token-mean log-probs), `simpo` (reference-free, token-mean,
+    margin `gamma`). `length_normalization` makes `sigmoid`/`cdpo` use token means too
+    (ColossalChat's flag); `gamma` is the target margin of `sigmoid`/`cdpo`/`simpo`.
+
+    Called with the policy's and the reference's `SequenceLogps` of chosen and rejected rows
+    (the reference may be None for `simpo`); returns (per-pair loss (B,), chosen implicit
+    rewards (B,), rejected implicit rewards (B,)). The rewards are beta x (log pi - log pi_ref)
+    for the reference-based losses and beta x token-mean log pi for SimPO (its own reward).
+    """
+
+    loss_type: DPOLossType = "sigmoid"
+    beta: float = 0.1
+    gamma: float = 0.0
+    label_smoothing: float = 0.0
+    length_normalization: bool = False
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in ("sigmoid", "cdpo", "ipo", "simpo"):
+            raise ValueError(f"unknown DPO loss_type {self.loss_type!r}; use sigmoid, cdpo, ipo or simpo")
+        if self.beta <= 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+        if self.loss_type == "cdpo" and not 0 < self.label_smoothing < 0.5:
+            raise ValueError(f"loss_type=cdpo needs label_smoothing in (0, 0.5), got {self.label_smoothing}")
+        if self.loss_type != "cdpo" and self.label_smoothing:
+            raise ValueError(f"label_smoothing is cDPO's: set loss_type=cdpo (got loss_type={self.loss_type})")
+        if self.loss_type == "ipo" and self.gamma:
+            raise ValueError("IPO has no margin gamma: its target margin is 1 / (2 beta)")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.loss_type not in REFERENCE_FREE
+
+    def __call__(
+        self, chosen: SequenceLogps, rejected: SequenceLogps, ref_chosen: SequenceLogps | None, ref_rejected: SequenceLogps | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.loss_type == "simpo":
+            loss = simpo_loss(chosen.means, rejected.means, self.beta, self.gamma)
+            return loss, self.beta * chosen.means.detach(), self.beta * rejected.means.detach()
+        if ref_chosen is None or ref_rejected is None:
+            raise ValueError(f"loss_type={self.loss_type} needs reference log-probs")
+        per_token = self.length_normalization or self.loss_type == "ipo"
+        def pick(x: SequenceLogps) -> torch.Tensor:
+            return x.means if per_token else x.sums
+
+        margin = preference_margin(pick(chosen), pick(rejected), pick(ref_chosen), pick(ref_rejected))
+        if self.loss_type == "ipo":
+            loss = ipo_loss(margin, self.beta)
+        else:
+            loss = dpo_loss(margin, self.beta, self.label_smoothing, self.gamma)
+        rewards = (implicit_rewards(pick(p).detach(), pick(r), self.beta) for p, r in ((chosen, ref_chosen), (rejected, ref_rejected)))
+        return loss, *rewards

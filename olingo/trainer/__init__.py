@@ -11,6 +11,9 @@ _EXPORTS = {
     "SLTrainer": "olingo.trainer.base",
     "SFTTrainer": "olingo.trainer.sft",
     "RewardModelTrainer": "olingo.trainer.rm",
+    "DPOTrainer": "olingo.trainer.dpo",
+    "ORPOTrainer": "olingo.trainer.orpo",
+    "KTOTrainer": "olingo.trainer.kto",
 }
 __all__ = sorted(_EXPORTS)
 
