@@ -1,14 +1,15 @@
 """The benchmark suite: olingo vs a minimal PyTorch loop vs TRL, side by side in one run.
 
-    python bench/suite.py [--repeats 3] [--only rm|ppo|grpo] [--no-trl] [--quick]
+    python bench/suite.py [--repeats 3] [--only rm|ppo|grpo|dpo] [--no-trl] [--quick]
 
 Reward-model training (`bench/rm_run.py`, `bench/trl/rm_trl.py`), PPO (`bench/ppo_run.py`,
-`bench/trl/ppo_trl.py`) and GRPO (`bench/grpo_run.py`, `bench/trl/grpo_trl.py`) run on the
-workloads of `bench/workload.py`: a base configuration and one variation per scaling axis (model
-size, sequence/response length, batch size; for GRPO the group size G and the response length).
+`bench/trl/ppo_trl.py`), GRPO (`bench/grpo_run.py`, `bench/trl/grpo_trl.py`) and DPO
+(`bench/dpo_run.py`, `bench/trl/dpo_trl.py`) run on the workloads of `bench/workload.py`: a base
+configuration and one variation per scaling axis (model size, sequence/response length, batch size;
+for GRPO the group size G and the response length).
 For each repeat, every configuration runs every implementation once, in a rotating order, each
 in a fresh process; reported numbers are medians over repeats of each run's median step. Ratios
-compare implementations within this one run. Writes bench/results/{rm,ppo,grpo}.{jsonl,md}.
+compare implementations within this one run. Writes bench/results/{rm,ppo,grpo,dpo}.{jsonl,md}.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ GRPO_CONFIGS = [
     {"name": "response_length=32", "size": "h128x2", "batch_size": 16, "num_generations": 8, "response_length": 32},
 ]
 GRPO_ALGO = {"temperature": 1.0, "lr": 1e-5, "eps_low": 0.2, "eps_high": 0.2, "seed": 0}
+# DPO: pairs of a 32-token prompt and two responses (each ending with eos), B pairs per optimizer step
+DPO_BASE = {"size": "h128x2", "prompt_length": 32, "response_length": 32, "batch_size": 8}
+DPO_AXES = [("size", "h256x4"), ("response_length", 96), ("batch_size", 16)]
+DPO_ALGO = {**RM_OPTIM, "beta": 0.1}
+DPO_IMPLS = ["minimal", "minimal+precompute", "olingo", "olingo+precompute"]
+DPO_TRL_IMPLS = ["trl-fp32", "trl-fp32+precompute"]
 PPO_ALGO = {"ppo_epochs": 1, "temperature": 1.0, "kl_coef": 0.05, "cliprange": 0.2, "vf_coef": 0.1, "cliprange_value": 0.2,
             "gamma": 1.0, "lam": 0.95, "lr": 1e-5, "seed": 0}
 
@@ -267,28 +274,113 @@ def grpo_markdown(rows: list[dict], threads: int | None = None) -> str:
     return intro + table(summary_headers, summary) + detail + table(headers, lines)
 
 
+# ---- DPO ------------------------------------------------------------------------------------
+def dpo_spec(config: dict, steps: int, warmup: int) -> dict:
+    models = workload.build_models(WORK, config["size"])
+    rows = (steps + warmup) * config["batch_size"]
+    data = workload.write_dpo_pairs(WORK, config["prompt_length"], config["response_length"], rows)
+    return {**DPO_ALGO, "policy_dir": models["policy"], "data": data, "prompt_length": config["prompt_length"],
+            "response_length": config["response_length"], "batch_size": config["batch_size"], "steps": steps, "warmup_steps": warmup}
+
+
+def run_dpo(args, impls: list[str]) -> list[dict]:
+    rows = []
+    configs = configurations(DPO_BASE, DPO_AXES)
+    for repeat in range(args.repeats):
+        for config in configs:
+            spec = dpo_spec(config, args.dpo_steps, 3)
+            order = impls[repeat % len(impls):] + impls[: repeat % len(impls)]
+            for impl in order:
+                load = os.getloadavg()[0]  # other work on the machine when the run started
+                if impl.startswith("trl"):
+                    result = run_impl(trl_python("dpo"), BENCH / "trl" / "dpo_trl.py", {**spec, "mode": impl.split("-", 1)[1]}, WORK / "runs", f"dpo-{impl}")
+                else:
+                    result = run_impl(OLINGO_PYTHON, BENCH / "dpo_run.py", {**spec, "impl": impl}, WORK / "runs", f"dpo-{impl}")
+                step, cpu = median(result["step_times_s"]), median(result["cpu_times_s"])
+                row = {"bench": "dpo", "config": config["name"], **{k: v for k, v in config.items() if k != "name"}, "impl": impl, "repeat": repeat,
+                       "step_s": step, "cpu_s": cpu, "pairs_per_s": config["batch_size"] / step, "precompute_s": result["precompute_s"],
+                       "peak_rss_mb": result["peak_rss_mb"], "final_loss": result["final_loss"], "load_avg_1m": load}
+                rows.append(row)
+                pre = f"  precompute {row['precompute_s']:.2f} s" if row["precompute_s"] is not None else ""
+                print(f"dpo {config['name']:>19} {impl:>19} r{repeat}: {1000 * step:7.1f} ms/step  cpu {1000 * cpu:7.1f} ms  "
+                      f"{row['peak_rss_mb']:6.0f} MB  loss {row['final_loss']:.5f}{pre}", flush=True)
+    return rows
+
+
+def dpo_markdown(rows: list[dict]) -> str:
+    configs, impls = list(dict.fromkeys(r["config"] for r in rows)), list(dict.fromkeys(r["impl"] for r in rows))
+    repeats = len({r["repeat"] for r in rows})
+
+    def spread(impl: str, base: str, config: str) -> str:
+        mid, lo, hi = ratio_spread(rows, config, impl, base)
+        return f"{mid:.3f} [{lo:.3f}-{hi:.3f}]"
+
+    def step(config: str, impl: str) -> float:
+        return median([r["step_s"] for r in rows if r["config"] == config and r["impl"] == impl])
+
+    summaries = []
+    for suffix, title in (("", "live reference (a frozen copy, forward under no_grad every step)"),
+                          ("+precompute", "precomputed reference log-probs (one pass before training, outside the step)")):
+        olingo, minimal, trl = f"olingo{suffix}", f"minimal{suffix}", f"trl-fp32{suffix}"
+        has_trl = trl in impls
+        headers = ["config (P + R tokens, B pairs)", "olingo ms/step", "minimal ms/step", "olingo / minimal: median [min-max]"]
+        if has_trl:
+            headers += ["TRL ms/step", "TRL / minimal", "olingo / TRL"]
+        lines = []
+        for config in configs:
+            c = next(r for r in rows if r["config"] == config)
+            line = [f"{config} ({c['prompt_length']} + {c['response_length']}, {c['batch_size']})", 1000 * step(config, olingo), 1000 * step(config, minimal),
+                    spread(olingo, minimal, config)]
+            if has_trl:
+                line += [1000 * step(config, trl), spread(trl, minimal, config), spread(olingo, trl, config)]
+            lines.append(line)
+        summaries.append(f"### {title}\n\n" + table(headers, lines))
+    headers = ["config", "impl", "ms/step", "x minimal", "CPU ms/step", "CPU / wall", "pairs/s", "precompute s", "peak RSS MB", "final loss"]
+    lines = []
+    for config in configs:
+        for impl in impls:
+            mine = [r for r in rows if r["config"] == config and r["impl"] == impl]
+            base = step(config, "minimal+precompute" if impl.endswith("+precompute") else "minimal")
+            m = {key: median([r[key] for r in mine]) for key in ("step_s", "cpu_s", "pairs_per_s", "peak_rss_mb", "final_loss")}
+            pre = [r["precompute_s"] for r in mine if r["precompute_s"] is not None]
+            lines.append([config, impl, 1000 * m["step_s"], m["step_s"] / base, 1000 * m["cpu_s"], m["cpu_s"] / m["step_s"], m["pairs_per_s"],
+                          median(pre) if pre else "-", m["peak_rss_mb"], m["final_loss"]])
+    intro = ("## DPO (fp32; one optimizer step = one policy forward of the 2B chosen+rejected rows, summed response log-probs, the "
+             "reference's log-probs of the same rows, sigmoid loss with beta 0.1, backward, clipping, AdamW, cosine schedule)\n\n"
+             f"Ratios are per repeat (the implementations ran side by side, in rotating order), then the median and range over {repeats} "
+             "repeats. A step is end to end (end of one optimizer step to the end of the next).\n\n")
+    detail = ("\n### Every implementation (medians over repeats)\n\n`x minimal` is against the minimal loop with the same kind of reference "
+              "(live or precomputed). `CPU ms/step` is the process's user + system time over the step (all threads). `precompute s` is "
+              "the one-off reference pass before training (olingo: `DPOTrainer._precompute_reference`, fingerprint, pass of 32 pairs a "
+              "batch and cache file; TRL: `hash_module` and `_precompute_ref_logps`, B pairs a batch, Arrow cache; minimal: the pass, B "
+              "pairs a batch). Every implementation trains on the same batches in the same order, so their final losses agree.\n\n")
+    return intro + "\n".join(summaries) + detail + table(headers, lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="runs of every implementation per configuration (medians are reported)")
-    parser.add_argument("--only", choices=["rm", "ppo", "grpo"], help="run one benchmark")
+    parser.add_argument("--only", choices=["rm", "ppo", "grpo", "dpo"], help="run one benchmark")
     parser.add_argument("--no-trl", action="store_true", help="skip TRL (no venvs are built)")
     parser.add_argument("--rm-steps", type=int, default=30, help="timed optimizer steps per reward-model run")
     parser.add_argument("--ppo-updates", type=int, default=8, help="timed updates per PPO run")
     parser.add_argument("--grpo-updates", type=int, default=8, help="timed optimizer steps per GRPO run")
+    parser.add_argument("--dpo-steps", type=int, default=30, help="timed optimizer steps per DPO run")
+    parser.add_argument("--dpo-name", help="DPO: results file name under bench/results/ (default dpo; dpo_quick with --quick)")
     parser.add_argument("--quick", action="store_true", help="1 repeat, few steps: a smoke run, not results")
     parser.add_argument("--threads", type=int, help="GRPO: torch intra-op threads in every run (default: torch's, one per core)")
     parser.add_argument("--grpo-name", default="grpo", help="GRPO: results file name under bench/results/ (e.g. grpo_threads1)")
     args = parser.parse_args()
     if args.quick:
-        args.repeats, args.rm_steps, args.ppo_updates, args.grpo_updates = 1, 5, 2, 2
+        args.repeats, args.rm_steps, args.ppo_updates, args.grpo_updates, args.dpo_steps = 1, 5, 2, 2, 5
     WORK.mkdir(parents=True, exist_ok=True)
     info = machine()
     if not args.no_trl:
         from bench.trl.env import versions
 
         info["extra_versions"] = {}
-        if args.only in (None, "rm", "grpo"):
-            info["extra_versions"]["trl (RM, GRPO)"] = versions("rm").get("trl", "?")
+        if args.only in (None, "rm", "grpo", "dpo"):
+            info["extra_versions"]["trl (RM, GRPO, DPO)"] = versions("rm").get("trl", "?")
         if args.only in (None, "ppo"):
             info["extra_versions"]["trl (PPO)"] = versions("ppo").get("trl", "?")
     start = time.time()
@@ -311,6 +403,13 @@ def main() -> None:
         rows = run_grpo(args, impls)
         info_grpo = {**info, "git": f"{info['git']} (measured on its working tree)", "torch_threads": args.threads or "default (one per core)"}
         print(write_results(args.grpo_name, rows, info_grpo, grpo_markdown(rows, args.threads)))
+    if args.only in (None, "dpo"):
+        impls = DPO_IMPLS + ([] if args.no_trl else DPO_TRL_IMPLS)
+        if not args.no_trl:
+            trl_python("dpo")
+        rows = run_dpo(args, impls)
+        name = args.dpo_name or ("dpo_quick" if args.quick else "dpo")  # a smoke run never replaces the committed table
+        print(write_results(name, rows, {**info, "git": f"{info['git']} (measured on its working tree)"}, dpo_markdown(rows)))
     print(f"done in {time.time() - start:.0f} s")
 
 

@@ -8,7 +8,9 @@ the same token ids from these files, so they do exactly the same work:
 - `pairs_L<len>.jsonl`: preference pairs {chosen_input_ids, rejected_input_ids} of one length;
 - `prompts_P<len>.jsonl`: prompts {input_ids} of one length (no padding anywhere);
 - `arith_n<rows>.jsonl`: arithmetic prompts {prompt, input_ids, gt_answer} ("37+45=", answer "82"),
-  all of one length, for GRPO with the arithmetic checker as its reward.
+  all of one length, for GRPO with the arithmetic checker as its reward;
+- `dpo_P<prompt>_R<response>_n<rows>.jsonl`: DPO pairs {prompt_ids, chosen_ids, rejected_ids}, a
+  prompt of one length and two responses of one length, each ending with the eos token.
 Token ids are drawn uniformly from the non-special tokens with a fixed seed. The chosen row
 differs from the rejected one by a learnable rule (it has more digits), so losses fall.
 """
@@ -73,6 +75,29 @@ def write_pairs(root: Path, length: int, rows: int, seed: int = 0) -> str:
             chosen = [rng.choice(digits) if rng.random() < 0.5 else rng.choice(ids) for _ in range(length)]
             rejected = [rng.choice(ids) for _ in range(length)]
             handle.write(json.dumps({"chosen_input_ids": chosen, "rejected_input_ids": rejected}) + "\n")
+    return str(path)
+
+
+def write_dpo_pairs(root: Path, prompt_length: int, response_length: int, rows: int, seed: int = 0) -> str:
+    """`rows` DPO pairs: a prompt of `prompt_length` tokens and two responses of `response_length`
+    tokens each (the last one the eos token, as a tokenised response ends); chosen responses are
+    digit-rich. No "<" is drawn, so the decoded text of any row never spells a special token and
+    re-tokenising it gives back exactly these ids (TRL's DPOTrainer takes text; see trl/dpo_trl.py)."""
+    path = root / f"dpo_P{prompt_length}_R{response_length}_n{rows}.jsonl"
+    if path.exists():
+        return str(path)
+    tokenizer = build_char_tokenizer()
+    ids, digits = content_token_ids()
+    ids = [i for i in ids if i != tokenizer.convert_tokens_to_ids("<")]
+    eos = tokenizer.eos_token_id
+    body = response_length - 1
+    rng = random.Random(seed)
+    with path.open("w") as handle:
+        for _ in range(rows):
+            prompt = [rng.choice(ids) for _ in range(prompt_length)]
+            chosen = [rng.choice(digits) if rng.random() < 0.5 else rng.choice(ids) for _ in range(body)] + [eos]
+            rejected = [rng.choice(ids) for _ in range(body)] + [eos]
+            handle.write(json.dumps({"prompt_ids": prompt, "chosen_ids": chosen, "rejected_ids": rejected}) + "\n")
     return str(path)
 
 

@@ -59,3 +59,36 @@ def test_grpo_runners_time_every_phase(work):
             assert "actor_fwd" not in phases, impl
             assert 0 < phases["reward_fn"] <= phases["scoring"], impl
             assert phases["generation"] + phases["scoring"] + phases["learn_fwd"] + phases["learn_bwd"] + phases["learn_optim"] < step, impl
+
+
+def dpo_spec(root, models) -> dict:
+    # warmup_ratio 0.5 of 6 steps: 3 warm-up steps under every rounding (olingo/minimal round, TRL ceil)
+    return {"policy_dir": models["policy"], "data": workload.write_dpo_pairs(root, 8, 8, 24), "prompt_length": 8, "response_length": 8,
+            "batch_size": 4, "steps": 4, "warmup_steps": 2, "lr": 1e-3, "weight_decay": 0.1, "adam_betas": [0.9, 0.95], "max_grad_norm": 1.0,
+            "warmup_ratio": 0.5, "min_lr_ratio": 0.1, "seed": 0, "beta": 0.1, "threads": 1}
+
+
+def test_dpo_runners_compute_what_the_minimal_loop_computes(work):
+    root, models = work
+    spec = dpo_spec(root, models)
+    impls = ("minimal", "minimal+precompute", "olingo", "olingo+precompute")
+    results = {impl: run_impl(sys.executable, BENCH / "dpo_run.py", {**spec, "impl": impl}, root / "runs", f"dpo-{impl}") for impl in impls}
+    for impl, result in results.items():
+        assert len(result["step_times_s"]) == len(result["cpu_times_s"]) == 4, impl
+        assert all(t > 0 for t in result["step_times_s"] + result["cpu_times_s"]), impl
+        assert (result["precompute_s"] is not None and result["precompute_s"] > 0) == impl.endswith("+precompute"), impl
+        assert result["peak_rss_mb"] > 50
+        # same model, pairs, order, reference, loss, optimizer groups, clipping and schedule: the same loss at every step
+        assert result["losses"] == pytest.approx(results["minimal"]["losses"], abs=1e-5), impl
+    assert results["minimal"]["losses"][-1] != pytest.approx(results["minimal"]["losses"][0], abs=1e-4)  # it trained
+
+
+@pytest.mark.skipif(not (BENCH / ".venvs" / "trl-latest" / "bin" / "python").exists(), reason="no TRL venv (python bench/trl/env.py --which dpo)")
+def test_trl_dpo_trainer_computes_what_the_minimal_loop_computes(work):
+    root, models = work
+    spec = dpo_spec(root, models)
+    minimal = run_impl(sys.executable, BENCH / "dpo_run.py", {**spec, "impl": "minimal"}, root / "runs", "dpo-minimal-vs-trl")
+    trl = run_impl(BENCH / ".venvs" / "trl-latest" / "bin" / "python", BENCH / "trl" / "dpo_trl.py", {**spec, "mode": "fp32"}, root / "runs", "dpo-trl")
+    assert len(trl["step_times_s"]) == len(trl["cpu_times_s"]) == 4
+    assert trl["settings"]["loss_type"] == ["sigmoid"] and trl["settings"]["max_length"] is None and not trl["settings"]["gradient_checkpointing_active"]
+    assert trl["losses"] == pytest.approx(minimal["losses"], abs=1e-5)

@@ -292,3 +292,24 @@ def test_kto_evaluates_on_the_eval_set_and_never_gives_nan(tmp_path, assets):
     steps = [m for m in rec.metrics if "train/loss" in m]
     assert len(steps) == 16 and {("train/rewards/chosen" in m) for m in steps} == {True, False}
     assert all(math.isfinite(v) for m in rec.metrics for v in m.values() if isinstance(v, float))
+
+
+def test_response_logps_scores_only_the_response_and_matches_the_full_forward(assets):
+    """With logits only from the first response position on, the sums equal those of the full
+    forward's log-softmax; rows whose responses start at different positions included."""
+    from olingo.trainer.preference import first_scored_position, response_logps
+
+    model = load_causal_lm(str(assets.model_dir)).eval()
+    ids = torch.randint(3, 20, (3, 10))
+    attention = torch.ones_like(ids)
+    attention[2, 8:] = 0  # right padding
+    mask = torch.zeros_like(ids)
+    mask[0, 5:], mask[1, 7:], mask[2, 6:8] = 1, 1, 1
+    assert first_scored_position(mask) == 4
+    got = response_logps(model, ids, attention, mask)
+    with torch.no_grad():
+        full = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits[:, :-1].float(), -1)
+    token = full.gather(-1, ids[:, 1:, None])[..., 0]
+    want = (token * mask[:, 1:]).sum(-1)
+    torch.testing.assert_close(got.sums.detach(), want, atol=1e-5, rtol=0)
+    assert got.counts.tolist() == [5.0, 3.0, 2.0]

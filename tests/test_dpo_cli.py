@@ -133,3 +133,15 @@ def test_sft_then_dpo_chain_starts_from_the_sft_weights(assets, tmp_path):
     assert result.arms[1].run_config["model"]["path"] == str(sft_final) and result.arms[1].run_config["model"]["reference"] is None
     saved = load_causal_lm(str(sft_final)).state_dict()
     assert all(torch.equal(weights.weights["chain__pref"][k], saved[k]) for k in saved)
+
+
+@pytest.mark.slow
+def test_shortened_dpo_demo_prints_its_table(tmp_path, capsys):
+    from olingo.cli.demo import run_dpo_demo
+
+    result = run_dpo_demo(str(tmp_path), sft_overrides=["train.epochs=20", "logging.progress=false"], dpo_overrides=["train.epochs=1", "logging.progress=false"])
+    table = capsys.readouterr().out
+    assert "olingo demo --pipeline dpo" in table and "pairs with implicit reward chosen > rejected" in table
+    assert result.run_dirs["dpo"].endswith("demo-dpo") and len(result.sampled) == 2 and result.sampled[0]["kl"] == 0
+    assert result.implicit_accuracy > 0.5 and all(0 <= a <= 1 for a in (*result.greedy, *result.pair_accuracy))
+    assert (tmp_path / "demo-dpo" / "plots" / "loss.png").exists()

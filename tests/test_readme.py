@@ -87,3 +87,21 @@ def test_readme_grpo_example_runs(tmp_path, assets, monkeypatch):
     assert not (tmp_path / "grpo" / "checkpoints" / "final" / "critic").exists()
     # 2 episodes x 8 prompts x 8 responses = 64 rollouts per episode, minibatches of 32: 2 steps each
     assert namespace["trainer"].state.step == 4
+
+
+@pytest.mark.slow
+def test_readme_dpo_example_runs(tmp_path, assets, small_pref_file, monkeypatch):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    example = next(b for b in blocks if "DPOTrainer(" in b)
+    example = (
+        example.replace("path/to/sft", str(assets.model_dir))
+        .replace("pairs.jsonl", str(small_pref_file))
+        .replace("./runs/dpo", str(tmp_path / "dpo"))
+    )
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    assert (tmp_path / "dpo" / "checkpoints" / "final" / "model" / "model.safetensors").exists()
+    assert len(list((tmp_path / "dpo" / "cache").glob("reference_logps-*.pt"))) == 1
+    assert namespace["trainer"].state.step == 2  # 64 pairs, batch 8, accumulation 4
+    assert namespace["trainer"].reference.released

@@ -1,6 +1,6 @@
 """Create (once) and verify the virtual environments the TRL runners use.
 
-    python bench/trl/env.py --which rm|ppo|grpo|all
+    python bench/trl/env.py --which rm|ppo|grpo|dpo|all
 
 Each venv lives under ``bench/.venvs/<name>`` and gets, in this order:
 
@@ -34,6 +34,7 @@ COMMON = ["transformers==5.23.0", "datasets==5.2.0", "accelerate==1.15.0"]
 VENVS = {
     "rm": ("trl-latest", "trl==1.16.0"),
     "grpo": ("trl-latest", "trl==1.16.0"),
+    "dpo": ("trl-latest", "trl==1.16.0"),
     "ppo": ("trl-1.12", "trl==1.12.0"),
 }
 RECORDED = (
@@ -95,7 +96,7 @@ def versions(which: str) -> dict:
 
 
 def ensure_venv(which: str, verbose: bool = True) -> Path:
-    """Create the venv for ``which`` ('rm', 'ppo' or 'grpo') if needed; return its python."""
+    """Create the venv for ``which`` ('rm', 'ppo', 'grpo' or 'dpo') if needed; return its python."""
     req = _requirements(which)
     venv = venv_path(which)
     py = _python(venv)
@@ -143,7 +144,7 @@ def ensure_venv(which: str, verbose: bool = True) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--which", choices=["rm", "ppo", "grpo", "all"], default="all")
+    ap.add_argument("--which", choices=["rm", "ppo", "grpo", "dpo", "all"], default="all")
     args = ap.parse_args()
     whiches = ["rm", "ppo"] if args.which == "all" else [args.which]
     out = {}

@@ -1,4 +1,5 @@
-"""`olingo demo`: SFT -> reward model -> PPO, and SFT -> GRPO, on the embedded arithmetic task.
+"""`olingo demo`: SFT -> reward model -> PPO, and SFT -> GRPO, on the embedded arithmetic task;
+`olingo demo --pipeline dpo`: SFT -> DPO on the same task's preference pairs.
 
 Each stage is an ordinary run of its packaged config (sft_tiny, rm_tiny, ppo_tiny, grpo_tiny)
 under one output directory. The reward model starts from the SFT model (InstructGPT's recipe);
@@ -14,21 +15,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 from olingo.config import load_config
+from olingo.dataset import PreferenceCollator, build_preference_dataset
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
 from olingo.experience_maker import GenerationSettings, NaiveExperienceMaker
 from olingo.models import RewardModel, load_causal_lm, load_tokenizer
+from olingo.models.rewards import CompositeReward
 from olingo.models.rlvr import arithmetic_exact
 from olingo.recipes.common import packaged_config, resolve_path
+from olingo.recipes.dpo import DPOConfig, run_dpo
 from olingo.recipes.grpo import GRPOConfig, run_grpo
 from olingo.recipes.ppo import PPOConfig, generate_kwargs, run_ppo
 from olingo.recipes.rm import RMConfig, run_rm
 from olingo.recipes.sft import SFTConfig, run_sft
 from olingo.tasks.evaluate import greedy_accuracy
+from olingo.trainer.dpo import halves, pair_inputs
 from olingo.trainer.ppo_eval import evaluate_policy
+from olingo.trainer.preference import response_logps
 
 
 @dataclass
@@ -96,8 +104,15 @@ def compare_policies(sft_model: str, trained: Sequence[str], reward_model: str, 
     noise (KL to the SFT model, reward-model score, checked accuracy); `samples_per_prompt`
     responses per prompt keep the sampling error of the accuracy small."""
     tokenizer = load_tokenizer(sft_model, padding_side="left")
-    reference = load_causal_lm(sft_model).eval()
     reward = RewardModel.from_pretrained(reward_model, pad_token_id=tokenizer.pad_token_id).eval()
+    return sampled_metrics(sft_model, trained, reward, cfg, samples_per_prompt)
+
+
+def sampled_metrics(sft_model: str, trained: Sequence[str], reward: Any, cfg: PPOConfig, samples_per_prompt: int = 8) -> list[dict[str, float]]:
+    """`compare_policies` with any reward (a reward model, or `CompositeReward` of checkers);
+    prompts, generation settings and seed come from `cfg` (the PPO stage's)."""
+    tokenizer = load_tokenizer(sft_model, padding_side="left")
+    reference = load_causal_lm(sft_model).eval()
     prompts = build_prompt_dataset([resolve_path(s) for s in cfg.data.eval_prompts], tokenizer, cfg.data.max_prompt_length)
     prompts.items = prompts.items * samples_per_prompt
     loader = DataLoader(prompts, batch_size=256, shuffle=False, collate_fn=PromptCollator(tokenizer.pad_token_id))
@@ -131,3 +146,75 @@ def print_demo_table(r: DemoResult) -> None:
     print(f"{'greedy answer accuracy':<48}{r.sft_greedy:>9.3f}{r.ppo_greedy:>9.3f}{r.grpo_greedy:>9.3f}")
     print(f"\nrun directories: {', '.join(r.run_dirs.values())}")
     print(f"plots: {Path(r.plots[0]).parent if r.plots else '-'} (and plots/ of each run; `olingo report RUN_DIR` redraws them)")
+
+
+@dataclass
+class DPODemoResult:
+    run_dirs: dict[str, str]
+    sampled: list[dict[str, float]]  # SFT model, DPO model: held-out prompts x 8 samples, same draws
+    greedy: list[float]
+    pair_accuracy: list[float]  # held-out pairs with log pi(chosen) > log pi(rejected)
+    implicit_accuracy: float  # held-out pairs with a higher implicit reward for chosen (DPO model)
+    temperature: float
+    plots: list[str]
+
+
+def run_dpo_demo(output_dir: str = "runs", *, sft_overrides: Sequence[str] = (), dpo_overrides: Sequence[str] = (), print_table: bool = True) -> DPODemoResult:
+    """SFT, then DPO from the SFT model (its reference too) on the embedded preference pairs;
+    the SFT and DPO models compared on held-out prompts and pairs. Overrides shorten it for tests."""
+    from olingo.report import write_report
+
+    common = [f"run.output_dir={output_dir}", "run.overwrite=true"]
+    sft = run_sft(load_config(SFTConfig, packaged_config("sft_tiny.yaml"), [*common, "run.name=demo-sft", *sft_overrides]))
+    dpo_cfg = load_config(DPOConfig, packaged_config("dpo_tiny.yaml"), [*common, "run.name=demo-dpo", f"model.path={sft['final_model']}", *dpo_overrides])
+    dpo = run_dpo(dpo_cfg)
+    models = [sft["final_model"], dpo["final_model"]]
+    eval_cfg = load_config(PPOConfig, packaged_config("ppo_tiny.yaml"), [])  # held-out prompts and rollout sampling
+    sampled = sampled_metrics(models[0], models[1:], CompositeReward({"arithmetic_exact": 1.0}), eval_cfg)
+    pairs = [resolve_path(s) for s in dpo_cfg.data.eval]
+    result = DPODemoResult(
+        run_dirs={"sft": sft["run_dir"], "dpo": dpo["run_dir"]},
+        sampled=sampled,
+        greedy=[greedy_accuracy(m) for m in models],
+        pair_accuracy=[pair_accuracy(m, pairs, dpo_cfg.data.max_length) for m in models],
+        implicit_accuracy=dpo["eval"]["eval/rewards/accuracies"],
+        temperature=eval_cfg.generation.temperature,
+        plots=[str(p) for run in (sft, dpo) for p in write_report(run["run_dir"])],
+    )
+    if print_table:
+        print_dpo_demo_table(result)
+    return result
+
+
+@torch.no_grad()
+def pair_accuracy(model_dir: str, pairs: str, max_length: int = 64, batch_size: int = 128) -> float:
+    """Share of preference pairs in the file `pairs` whose chosen response the model finds more
+    likely than the rejected one (summed log-probs of the response tokens)."""
+    tokenizer, model = load_tokenizer(model_dir), load_causal_lm(model_dir).eval()
+    dataset = build_preference_dataset(pairs, tokenizer, max_length)
+    collate = PreferenceCollator(tokenizer.pad_token_id, padding_side="right")
+    right = 0
+    for start in range(0, len(dataset), batch_size):
+        batch = collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+        chosen, rejected = halves(response_logps(model, *pair_inputs(batch, lambda b, side: b[f"{side}loss_mask"])))
+        right += int((chosen.sums > rejected.sums).sum())
+    return right / len(dataset)
+
+
+def print_dpo_demo_table(r: DPODemoResult) -> None:
+    print("\n== olingo demo --pipeline dpo: SFT -> DPO on the embedded arithmetic task (held-out prompts and pairs) ==")
+    print(f"{'metric':<62}{'SFT':>9}{'DPO':>9}")
+    rows: list[tuple[str, Any, Any]] = [
+        (f"answer accuracy, sampled at temperature {r.temperature:g} (x 8 per prompt)", r.sampled[0]["accuracy"], r.sampled[1]["accuracy"]),
+        ("greedy answer accuracy", r.greedy[0], r.greedy[1]),
+        ("pairs with log pi(chosen) > log pi(rejected)", r.pair_accuracy[0], r.pair_accuracy[1]),
+        ("pairs with implicit reward chosen > rejected (vs the SFT model)", None, r.implicit_accuracy),
+        ("KL to the SFT model (nats per sampled response)", r.sampled[0]["kl"], r.sampled[1]["kl"]),
+        ("response length (tokens)", r.sampled[0]["response_length"], r.sampled[1]["response_length"]),
+    ]
+    for label, before, after in rows:
+        shown = "-" if before is None else f"{before:.3f}"
+        print(f"{label:<62}{shown:>9}{after:>9.3f}")
+    print("(the SFT model is DPO's reference, so its implicit rewards are all 0: no 'before' value)")
+    print(f"\nrun directories: {', '.join(r.run_dirs.values())}")
+    print(f"plots: {Path(r.plots[-1]).parent if r.plots else '-'} (and plots/ of the SFT run; `olingo report RUN_DIR` redraws them)")

@@ -198,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
         "results of the SFT, PPO and GRPO models and writes PNG plots (<run>/plots/).",
     )
     demo.add_argument("--output-dir", default="runs", help="parent of the run directories (default: runs)")
+    demo.add_argument(
+        "--pipeline", choices=["rl", "dpo"], default="rl",
+        help="rl (default): SFT -> reward model -> PPO, and SFT -> GRPO; dpo: SFT -> DPO (dpo_tiny.yaml) on the embedded "
+        "preference pairs, with sampled/greedy accuracy and pair accuracies of the SFT and DPO models",
+    )
     demo.set_defaults(handler=_cmd_demo)
     _experiment_parser(sub)
     _plan_parser(sub)
@@ -384,9 +389,9 @@ def _report_experiment(exp_dir: str, smooth: int | None) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from olingo.cli.demo import run_demo
+    from olingo.cli.demo import run_demo, run_dpo_demo
 
-    run_demo(args.output_dir)
+    (run_dpo_demo if args.pipeline == "dpo" else run_demo)(args.output_dir)
     return 0
 
 

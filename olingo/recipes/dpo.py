@@ -208,6 +208,8 @@ def _run_offline(
         "save_interval": cfg.train.save_interval, "save_dir": str(setup.run_dir), "coordinator": setup.coordinator,
         "callbacks": [*build_callbacks(cfg.callbacks), *callbacks], "eval_interval": cfg.train.eval_interval,
     }
+    if needs_reference:
+        common["precompute_batch_size"] = cfg.train.eval_batch_size
     trainer = make_trainer(common, reference)
     del models, reference  # the trainer owns the reference now and frees it once precomputed
     return fit_run(trainer, cfg, setup, train_loader, eval_loader, ctx=ctx, evaluators=evaluators)

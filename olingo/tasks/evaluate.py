@@ -20,3 +20,4 @@ def greedy_accuracy(model_dir: str, task: ArithmeticTask | None = None, split: s
     out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     answers = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     return sum(is_correct(a, r["gt_answer"]) for a, r in zip(answers, rows, strict=True)) / len(rows)
+

@@ -66,7 +66,8 @@ class DPOTrainer(OfflinePreferenceTrainer):
     margin, `length_normalization` puts token-mean log-probs in the loss, `ref_model=None` (no
     LoRA) means SimPO. Keyword-only extras: `loss_type` (sigmoid | cdpo | ipo | simpo; default
     from the rule above), `label_smoothing` (cDPO), `precompute_ref_log_probs` (one reference pass
-    before training, cached in `<save_dir>/cache/`, then the reference model is freed),
+    before training, cached in `<save_dir>/cache/`, then the reference model is freed;
+    `precompute_batch_size` rows at a time, default the training batch size),
     `callbacks`, `eval_interval`. With a LoRA actor and `ref_model=None` the reference is the
     base model with its adapters disabled.
     """
@@ -96,6 +97,7 @@ class DPOTrainer(OfflinePreferenceTrainer):
         loss_type: DPOLossType | None = None,
         label_smoothing: float = 0.0,
         precompute_ref_log_probs: bool = False,
+        precompute_batch_size: int | None = None,
         callbacks: Sequence[Callback] = (),
         eval_interval: int = 0,
     ) -> None:
@@ -108,7 +110,7 @@ class DPOTrainer(OfflinePreferenceTrainer):
             tokenizer=tokenizer, max_epochs=max_epochs, apply_loss_mask=apply_loss_mask, accumulation_steps=accumulation_steps,
             start_epoch=start_epoch, save_interval=save_interval, save_dir=save_dir, coordinator=coordinator,
             callbacks=callbacks, eval_interval=eval_interval, ref_model=ref_model, needs_reference=self.loss.needs_reference,
-            precompute_ref_log_probs=precompute_ref_log_probs,
+            precompute_ref_log_probs=precompute_ref_log_probs, precompute_batch_size=precompute_batch_size,
         )
         self.beta, self.gamma = beta, gamma
 

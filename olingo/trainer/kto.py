@@ -33,7 +33,8 @@ class KTOTrainer(OfflinePreferenceTrainer):
 
     Arguments are ColossalChat's `coati.trainer.kto.KTOTrainer`; batches come from
     `UnpairedCollator` (`input_ids`, `attention_mask`, `loss_mask`, `label`, and the mismatched
-    `kl_*` pair). Keyword-only extras: `precompute_ref_log_probs`, `callbacks`, `eval_interval`.
+    `kl_*` pair). Keyword-only extras: `precompute_ref_log_probs` (and `precompute_batch_size`), `callbacks`,
+    `eval_interval`.
     With a LoRA actor and `ref_model=None` the reference is the base with adapters disabled.
     """
 
@@ -60,6 +61,7 @@ class KTOTrainer(OfflinePreferenceTrainer):
         coordinator: DistCoordinator | None = None,
         *,
         precompute_ref_log_probs: bool = False,
+        precompute_batch_size: int | None = None,
         callbacks: Sequence[Callback] = (),
         eval_interval: int = 0,
     ) -> None:
@@ -70,7 +72,7 @@ class KTOTrainer(OfflinePreferenceTrainer):
             tokenizer=tokenizer, max_epochs=max_epochs, apply_loss_mask=apply_loss_mask, accumulation_steps=accumulation_steps,
             start_epoch=start_epoch, save_interval=save_interval, save_dir=save_dir, coordinator=coordinator,
             callbacks=callbacks, eval_interval=eval_interval, ref_model=ref_model, needs_reference=True,
-            precompute_ref_log_probs=precompute_ref_log_probs,
+            precompute_ref_log_probs=precompute_ref_log_probs, precompute_batch_size=precompute_batch_size,
         )
         self.beta, self.desirable_weight, self.undesirable_weight = beta, desirable_weight, undesirable_weight
         self.kl = torch.zeros(())

@@ -19,6 +19,7 @@ its LoRA adapters disabled, or columns precomputed into the batches.
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -82,9 +83,30 @@ class StatSums:
 
 
 def response_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor) -> SequenceLogps:
-    """log pi(y|x) of each row's masked tokens (see `sequence_log_probs`), from one forward."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    return SequenceLogps(*sequence_log_probs(logits, input_ids, mask))
+    """log pi(y|x) of each row's masked tokens (see `sequence_log_probs`), from one forward.
+
+    Only the positions from the first masked token of any row on get logits (`logits_to_keep`
+    where the model takes it): the output head and the log-softmax over the vocabulary are the
+    costliest part of a small model's forward, and the prompt needs neither.
+    """
+    start = first_scored_position(mask)
+    kwargs = {"logits_to_keep": input_ids.shape[1] - start} if _keeps_logits(model) else {}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
+    logits = logits[:, -(input_ids.shape[1] - start) :]
+    return SequenceLogps(*sequence_log_probs(logits, input_ids[:, start:], mask[:, start:]))
+
+
+def first_scored_position(mask: torch.Tensor) -> int:
+    """The last position before the first masked token of any row (mask: (B, L)); tokens
+    before it are context only. 0 when nothing is masked."""
+    columns = mask[:, 1:].bool().any(0).nonzero()
+    return int(columns[0]) if len(columns) else 0
+
+
+def _keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the (possibly DDP-wrapped) model's forward takes `logits_to_keep`."""
+    inner = getattr(model, "module", model)
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 class ReferencePolicy:
@@ -94,7 +116,7 @@ class ReferencePolicy:
     def __init__(self, model: torch.nn.Module | None, policy: torch.nn.Module) -> None:
         if model is None and not has_lora(policy):
             raise ValueError("this loss needs a reference: pass ref_model, or train LoRA adapters (the reference is then the base with adapters disabled)")
-        self.model = model
+        self.model = model.eval() if model is not None else None  # no dropout in the reference
         self.policy = policy
         self.is_policy = model is None
         self.released = False
@@ -138,7 +160,7 @@ class OfflinePreferenceTrainer(SLTrainer):
         tokenizer: Any, max_epochs: int, apply_loss_mask: bool, accumulation_steps: int, start_epoch: int,
         save_interval: int, save_dir: str | None, coordinator: DistCoordinator | None, callbacks: Sequence[Callback],
         eval_interval: int, ref_model: torch.nn.Module | None = None, needs_reference: bool = False,
-        precompute_ref_log_probs: bool = False, precompute_batch_size: int = 32,
+        precompute_ref_log_probs: bool = False, precompute_batch_size: int | None = None,
     ) -> None:
         super().__init__(
             booster=booster, max_epochs=max_epochs, model=actor, optimizer=actor_optim, plugin=plugin,
@@ -232,7 +254,8 @@ class OfflinePreferenceTrainer(SLTrainer):
         run_dir = Path(log_dir) if log_dir else self.save_dir
         fingerprint = self.reference.fingerprint(self.plugin.all_reduce_sum)
         precompute = ReferencePrecompute(
-            columns=self._reference_values, names=self.reference_columns, batch_size=self.precompute_batch_size,
+            columns=self._reference_values, names=self.reference_columns,
+            batch_size=self.precompute_batch_size or self.train_dataloader.batch_size,
             device=self.booster.device, rank=self.coordinator.rank, world_size=self.coordinator.world_size,
             all_reduce_sum=self.plugin.all_reduce_sum, barrier=self.coordinator.barrier,
             cache_file=run_dir / "cache" / f"reference_logps-{fingerprint}.pt" if run_dir else None,

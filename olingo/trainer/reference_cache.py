@@ -16,7 +16,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +54,10 @@ def model_fingerprint(model: torch.nn.Module, all_reduce_sum: Callable[[torch.Te
             continue
         local = param.detach()
         is_sharded = hasattr(local, "to_local")
-        x = (local.to_local() if is_sharded else local).double()
-        (sharded if is_sharded else whole).append(torch.stack([x.sum(), (x * x).sum()]))
+        x = local.to_local() if is_sharded else local
+        # float64 accumulation without a float64 copy of the tensor
+        moments = torch.stack([x.sum(dtype=torch.float64), torch.linalg.vector_norm(x, dtype=torch.float64) ** 2])
+        (sharded if is_sharded else whole).append(moments)
         names.append(f"{name}:{tuple(param.shape)}:{param.dtype}")
     digest = hashlib.sha256("|".join(names).encode())
     if sharded:
@@ -68,15 +70,24 @@ def model_fingerprint(model: torch.nn.Module, all_reduce_sum: Callable[[torch.Te
 @dataclass(frozen=True)
 class WithReferenceColumns:
     """A collate function that adds the precomputed `names` columns, (B,) float32 each, to the
-    batches of `collate`; `table` maps `item_key(row)` to the row's values."""
+    batches of `collate`; `table` maps `item_key(row)` to the row's values. A dataset returns the
+    same row objects every epoch, so each row is hashed once (`seen` holds the row, so its id
+    cannot be reused by another object)."""
 
     collate: Callable[[list[Any]], dict[str, Any]]
     table: Mapping[str, tuple[float, ...]]
     names: tuple[str, ...]
+    seen: dict[int, tuple[Any, tuple[float, ...]]] = field(default_factory=dict)
+
+    def values(self, item: Any) -> tuple[float, ...]:
+        known = self.seen.get(id(item))
+        if known is None or known[0] is not item:
+            known = self.seen[id(item)] = (item, self.table[item_key(item)])
+        return known[1]
 
     def __call__(self, items: list[Any]) -> dict[str, Any]:
         batch = self.collate(items)
-        rows = torch.tensor([self.table[item_key(item)] for item in items], dtype=torch.float64)
+        rows = torch.tensor([self.values(item) for item in items], dtype=torch.float64)
         for j, name in enumerate(self.names):
             batch[name] = rows[:, j].to(torch.float32)
         return batch
