@@ -43,12 +43,13 @@ from olingo.config import ConfigError, load_config
 from olingo.models.loading import resolve_dtype
 from olingo.models.reward_model import RewardModel
 from olingo.recipes.common import packaged_config, resolve_path
+from olingo.recipes.dpo import DPOConfig, KTOConfig, ORPOConfig
 from olingo.recipes.grpo_config import GRPOConfig
 from olingo.recipes.ppo import PPOConfig
 from olingo.recipes.rm import RMConfig
 from olingo.recipes.sft import SFTConfig
 
-STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig, "grpo": GRPOConfig}
+STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "dpo": DPOConfig, "orpo": ORPOConfig, "kto": KTOConfig}
 
 GIB = 1024**3
 
@@ -238,6 +239,33 @@ def plan_grpo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - GRPOConfig
     return Plan("grpo", rows, states + max(frozen_bytes + kv, learning), world_size)
 
 
+def plan_offline(cfg, world_size: int) -> Plan:  # noqa: ANN001 - DPOConfig, ORPOConfig or KTOConfig
+    """The policy trained on one forward of 2 x batch_size rows (chosen + rejected; KTO: its
+    batch_size rows, the mismatched pairs run without gradient). A separate frozen reference
+    (DPO and KTO without LoRA) is replicated on every rank; with precomputed log-probs it is
+    freed before training, so the peak is the larger of the precompute pass and training."""
+    m, kind = cfg.model, type(cfg).__name__.removesuffix("Config").lower()
+    policy = model_shape(m.path, reward=False, lora=m.lora, trust_remote_code=m.trust_remote_code)
+    prec, shards = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size)
+    rows_per_step = cfg.train.batch_size * (1 if kind == "kto" else 2)
+    settings = getattr(cfg, kind)
+    needs_reference = kind == "kto" or (kind == "dpo" and settings.loss_type != "simpo")
+    separate = needs_reference and (m.reference or not m.lora.enabled)
+    trained = trained_rows("policy", policy, prec, shards, cpu_offload(cfg.plugin))
+    acts = activation_bytes(policy, rows_per_step * cfg.data.max_length, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
+    side = "" if kind == "kto" else " (chosen + rejected)"
+    rows = [*trained, Row("activations", acts, f"{rows_per_step} x {cfg.data.max_length} tokens{side}")]
+    reference = 0
+    if separate:
+        reference = model_shape(m.reference or m.path, reward=False, trust_remote_code=m.trust_remote_code).params * resolve_dtype(m.dtype).itemsize
+        precompute = settings.precompute_ref_log_probs
+        rows.append(Row("reference weights", reference, "frozen, replicated" + (", freed after the precompute pass" if precompute else "")))
+    states = sum(r.nbytes for r in trained)
+    if separate and settings.precompute_ref_log_probs:
+        return Plan(kind, rows, max(states + acts, states + reference), world_size)
+    return Plan(kind, rows, states + acts + reference, world_size)
+
+
 def frozen_rows(cfg, park: bool, reference: bool = True) -> list[Row]:  # noqa: ANN001 - PPOConfig or GRPOConfig
     """Weights of the reference (when there is one) and the reward model: replicated on every
     rank, never sharded."""
@@ -252,7 +280,7 @@ def cpu_offload(plugin) -> bool:  # noqa: ANN001 - PluginConfig
     return plugin.name == "fsdp" and getattr(plugin, "cpu_offload", False)
 
 
-PLANNERS = {"sft": plan_sft, "rm": plan_rm, "ppo": plan_ppo, "grpo": plan_grpo}
+PLANNERS = {"sft": plan_sft, "rm": plan_rm, "ppo": plan_ppo, "grpo": plan_grpo, "dpo": plan_offline, "orpo": plan_offline, "kto": plan_offline}
 
 
 # ---- config, device, table ----------------------------------------------------------------------

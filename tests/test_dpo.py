@@ -313,3 +313,31 @@ def test_response_logps_scores_only_the_response_and_matches_the_full_forward(as
     want = (token * mask[:, 1:]).sum(-1)
     torch.testing.assert_close(got.sums.detach(), want, atol=1e-5, rtol=0)
     assert got.counts.tolist() == [5.0, 3.0, 2.0]
+
+
+def test_implicit_reward_metrics_by_hand():
+    from olingo.trainer.dpo import preference_stats
+
+    chosen, rejected = logps([-1.0, -2.0, -3.0], [1.0, 1.0, 1.0]), logps([-4.0, -1.0, -5.0], [1.0, 1.0, 1.0])
+    stats = preference_stats(chosen, rejected, torch.tensor([0.3, -0.1, 0.0]), torch.tensor([0.1, 0.2, 0.0]))
+    assert stats["rewards/accuracies"][0].tolist() == [1.0, 0.0, 0.0]  # a tie is not a win
+    assert stats["rewards/margins"][0].tolist() == pytest.approx([0.2, -0.3, 0.0])
+    assert stats["logps/chosen"][0].tolist() == [-1.0, -2.0, -3.0]
+
+
+def test_dpo_trainer_needs_a_reference_for_reference_losses(assets):
+    """ref_model=None: SimPO by default (ColossalChat's rule); an explicit reference loss without a
+    reference (and without LoRA, whose base would serve) is an error, and so is a reference
+    passed to the reference-free SimPO."""
+    from olingo.booster import Booster, SingleProcessPlugin
+    from olingo.trainer.dpo import DPOTrainer
+
+    booster = Booster(plugin=SingleProcessPlugin(max_norm=1.0))
+    actor = load_causal_lm(str(assets.model_dir))
+    model, optim, *_ = booster.boost(actor, torch.optim.AdamW(actor.parameters()))
+    args = dict(actor=model, booster=booster, actor_optim=optim, plugin=booster.plugin, actor_lr_scheduler=None, tokenizer=None)
+    assert DPOTrainer(ref_model=None, **args).loss.loss_type == "simpo"
+    with pytest.raises(ValueError, match="needs a reference"):
+        DPOTrainer(ref_model=None, loss_type="sigmoid", **args)
+    with pytest.raises(ValueError, match="reference-free"):
+        DPOTrainer(ref_model=load_causal_lm(str(assets.model_dir)), loss_type="simpo", **args)

@@ -111,9 +111,11 @@ def test_stage_is_detected_from_the_config_file(tmp_path):
     assert load_stage_config(str(packaged_config("grpo_tiny.yaml")), [], None)[0] == "grpo"
     assert load_stage_config(str(packaged_config("rm_tiny.yaml")), [], None)[0] == "rm"  # sft accepts it too: the name decides
     (tmp_path / "mine.yaml").write_text("model: {path: builtin:tiny-llama}\n")
-    with pytest.raises(ConfigError, match="valid rm and sft config: pass --stage"):
+    with pytest.raises(ConfigError, match="valid dpo and kto and orpo and rm and sft config: pass --stage"):
         load_stage_config(str(tmp_path / "mine.yaml"), [], None)
     assert load_stage_config(str(tmp_path / "mine.yaml"), [], "sft")[0] == "sft"
+    for stage in ("dpo", "orpo", "kto"):  # each has its own loss section
+        assert load_stage_config(str(packaged_config(f"{stage}_tiny.yaml")), [], None)[0] == stage
 
 
 def test_cli_prints_the_table_warns_when_it_does_not_fit_and_exits_2_on_bad_config(capsys):
@@ -126,3 +128,20 @@ def test_cli_prints_the_table_warns_when_it_does_not_fit_and_exits_2_on_bad_conf
     assert main(huge) == 0 and "exceeds the device memory" in capsys.readouterr().err
     assert main([*huge, "--strict"]) == 1
     assert main(["plan", "--stage", "sft", "train.batch_sise=8"]) == 2 and "did you mean 'batch_size'" in capsys.readouterr().err
+
+
+def test_dpo_family_plans_count_the_reference_only_when_it_is_separate():
+    from olingo.plan import run_plan
+
+    live, _, _ = run_plan(None, ["dpo.precompute_ref_log_probs=false"], stage="dpo")
+    names = [r.component for r in live.rows]
+    assert "reference weights" in names and "activations" in names
+    precomputed, _, _ = run_plan(None, ["dpo.precompute_ref_log_probs=true"], stage="dpo")
+    assert precomputed.total < live.total
+    lora, _, _ = run_plan(None, ["model.lora.r=4"], stage="dpo")
+    assert "reference weights" not in [r.component for r in lora.rows]
+    simpo, _, _ = run_plan(None, ["dpo.loss_type=simpo"], stage="dpo")
+    orpo, _, _ = run_plan(None, [], stage="orpo")
+    assert "reference weights" not in [r.component for r in (*simpo.rows, *orpo.rows)]
+    kto, _, _ = run_plan(None, ["kto.precompute_ref_log_probs=false"], stage="kto")
+    assert next(r for r in kto.rows if r.component == "activations").note.startswith("32 x 64 tokens")

@@ -253,7 +253,7 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:
     """`olingo plan`: memory estimate of a stage config."""
     plan = sub.add_parser(
         "plan", help="estimate memory per device for a stage config and warn when it will not fit",
-        description="Reads a stage config (sft, rm, ppo or grpo; the stage is the one whose strict config accepts the file, "
+        description="Reads a stage config (sft, rm, ppo, grpo, dpo, orpo or kto; the stage is the one whose strict config accepts the file, "
         "or --stage) and prints per device: weights, gradients, AdamW state, activations and, for PPO, the KV cache "
         "of generation, then the peak against the device's memory (CUDA, else system RAM). Model sizes come from "
         "the models' config.json; no weights are loaded. Formulas and measured comparisons: docs/plan.md. "
@@ -262,7 +262,7 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plan.add_argument("--config", type=Path, default=None, help="stage config file (default with --stage: the packaged <stage>_tiny.yaml)")
-    plan.add_argument("--stage", choices=["sft", "rm", "ppo", "grpo"], default=None, help="the config's stage (default: detected)")
+    plan.add_argument("--stage", choices=["sft", "rm", "ppo", "grpo", "dpo", "orpo", "kto"], default=None, help="the config's stage (default: detected)")
     plan.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")), help="processes the run will use (fsdp shards over them; default: $WORLD_SIZE or 1)")
     plan.add_argument("--strict", action="store_true", help="exit 1 when the estimate exceeds the device memory")
     plan.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
