@@ -124,7 +124,7 @@ def test_sft_then_dpo_chain_starts_from_the_sft_weights(assets, tmp_path):
     pairs = tmp_path / "pairs16.jsonl"
     pairs.write_text("\n".join(assets.preference_train.read_text().splitlines()[:16]) + "\n")
     sft = f"{{stage: sft, config: 'packaged:sft_tiny.yaml', logging: {{progress: false}}, data: {{train: ['{train}'], eval: []}}, train: {{epochs: 1, batch_size: 8}}}}"
-    dpo = f"{{name: pref, stage: dpo, config: 'packaged:dpo_tiny.yaml', overrides: {{logging.progress: false, data.train: ['{pairs}'], data.eval: [], train.batch_size: 8}}}}"
+    dpo = f"{{name: pref, stage: dpo, config: 'packaged:dpo_tiny.yaml', overrides: {{logging.progress: false, data.train: ['{pairs}'], data.eval: [], train.batch_size: 8, train.epochs: 1}}}}"
     weights = WeightsAtStart()
     exp = Experiment(load_config(ExperimentConfig, None, ["name=chain", f"output_dir={tmp_path}", f"run={sft}", f"continual=[{dpo}]"]), callbacks=[weights])
     result = exp.run()
