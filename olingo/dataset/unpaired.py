@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Dataset
 
 from olingo.dataset.chat_tokens import left_truncate
-from olingo.dataset.collator import check_pad_token_id, pad_rows, stack_ref_fields
+from olingo.dataset.collator import check_pad_token_id, length_mask, pad_rows, stack_ref_fields
 from olingo.dataset.errors import DataError, type_name
 from olingo.dataset.messages import Message, RowRef, missing_reason, parse_turns
 from olingo.dataset.preference import (
@@ -247,6 +247,6 @@ class UnpairedCollator:
         length = max(len(ids) for ids, _ in rows)
         return {
             f"{prefix}input_ids": pad_rows([ids for ids, _ in rows], length, self.pad_token_id),
-            f"{prefix}attention_mask": pad_rows([[1] * len(ids) for ids, _ in rows], length, 0),
+            f"{prefix}attention_mask": length_mask([len(ids) for ids, _ in rows], length),
             f"{prefix}loss_mask": pad_rows([mask for _, mask in rows], length, 0),
         }
