@@ -183,7 +183,6 @@ def test_lora_reference_is_the_base_with_adapters_disabled(assets):
         with adapters_disabled(lora):
             torch.testing.assert_close(lora(input_ids=ids).logits, want)
         assert flags == {n: p.requires_grad for n, p in lora.named_parameters()}
-        torch.testing.assert_close(lora(input_ids=ids).logits, lora(input_ids=ids).logits)
         assert not torch.allclose(lora(input_ids=ids).logits, want, atol=1e-4)
 
 

@@ -18,6 +18,7 @@ its LoRA adapters disabled, or columns precomputed into the batches.
 
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 import logging
@@ -105,8 +106,13 @@ def first_scored_position(mask: torch.Tensor) -> int:
 
 def _keeps_logits(model: torch.nn.Module) -> bool:
     """Whether the (possibly DDP-wrapped) model's forward takes `logits_to_keep`."""
-    inner = getattr(model, "module", model)
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    return _forward_takes_logits_to_keep(type(getattr(model, "module", model)))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(model_type: type) -> bool:
+    # Read once per model class: inspecting a signature on every forward is needless work.
+    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
 
 
 class ReferencePolicy:
