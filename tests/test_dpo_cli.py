@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from olingo.config import load_config
 from olingo.experiment import Experiment, ExperimentConfig
 from olingo.models import load_causal_lm
 from olingo.trainer.callbacks import Callback
-from tests.conftest import olingo_cmd, read_jsonl
+from tests.conftest import kill_when_logged, olingo_cmd, read_jsonl
 from tests.test_fsdp import torchrun
 
 
@@ -63,15 +61,7 @@ def test_dpo_kill_and_resume_equals_an_uninterrupted_run(tmp_path, small_pref_fi
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     assert len(read_jsonl(straight / "metrics.jsonl")) == 32
     kill_at = random.Random(os.getpid()).randint(3, 28)
-    proc = subprocess.Popen(cmd("killed"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if (killed / "metrics.jsonl").exists() and len((killed / "metrics.jsonl").read_text().splitlines()) >= kill_at:
-            break
-        time.sleep(0.002)
-    assert proc.poll() is None, f"run ended before the kill at step {kill_at}: {proc.stderr.read()[-2000:]}"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_when_logged(cmd("killed"), killed / "metrics.jsonl", kill_at, env, timeout=240)
     resumed = subprocess.run(cmd("killed", "run.resume=last"), check=True, capture_output=True, text=True, timeout=300, env=env)
     assert "computed (0 distinct)" in resumed.stderr
     a = load_file(straight / "checkpoints/final/model/model.safetensors")

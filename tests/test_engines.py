@@ -4,6 +4,7 @@ critic builds, trains and checkpoints none."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 
 import pytest
@@ -52,8 +53,16 @@ class ScriptedEngine:
         responses = torch.tensor([r + [self.tokenizer.pad_token_id] * (width - len(r)) for r in rows])
         return rollout_from_responses(input_ids, attention_mask, responses, self.tokenizer, settings)
 
+    shares_weights, can_sleep = True, False
+
     def update_weights(self, named_tensors, *, full=True) -> int:
         return len(list(named_tensors))
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -114,6 +123,22 @@ def test_every_engine_keeps_the_sequence_layout(name, n, tok, assets):
     settings = GenerationSettings(max_new_tokens=5, stop_token_ids=[tok.eos_token_id] + list(range(3, 30)))
     rollout = engine.generate(batch["input_ids"], batch["attention_mask"], settings, n=n)
     check_layout(rollout, batch["input_ids"], batch["attention_mask"], n, tok.pad_token_id)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+def test_the_vllm_engine_keeps_the_sequence_layout(tok, assets):
+    from olingo.engines import VLLMEngine, VLLMSettings
+
+    batch = prompt_batch(tok)
+    settings = GenerationSettings(max_new_tokens=5, stop_token_ids=[tok.eos_token_id] + list(range(3, 30)))
+    with VLLMEngine(assets.model_dir, tok, VLLMSettings(kv_cache_memory_gb=0.05)) as engine:
+        assert isinstance(engine, RolloutEngine)
+        for n in (1, 3):
+            torch.manual_seed(0)
+            rollout = engine.generate(batch["input_ids"], batch["attention_mask"], settings, n=n)
+            check_layout(rollout, batch["input_ids"], batch["attention_mask"], n, tok.pad_token_id)
+            assert rollout.log_probs is not None
 
 
 def test_samples_of_one_prompt_come_together_and_differ(tok, assets):

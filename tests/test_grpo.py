@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
-import time
 
 import pytest
 import torch
@@ -19,7 +17,7 @@ from olingo.models import load_causal_lm, load_tokenizer
 from olingo.models.rewards import CompositeReward
 from olingo.trainer.grpo import GRPOTrainer
 from olingo.trainer.grpo_learner import GRPOLossConfig
-from tests.conftest import olingo_cmd, read_jsonl
+from tests.conftest import kill_when_logged, olingo_cmd, read_jsonl
 from tests.test_ppo import Recorder, prompt_batch
 
 
@@ -241,15 +239,7 @@ def test_grpo_kill_and_resume_equals_an_uninterrupted_run(tmp_path, assets):
     assert len(read_jsonl(straight / "metrics.jsonl")) == 12
     kill_at = random.Random(os.getpid()).randint(3, 10)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(olingo_cmd(*grpo_args(tmp_path, "killed", assets)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if (killed / "metrics.jsonl").exists() and len((killed / "metrics.jsonl").read_text().splitlines()) >= kill_at:
-            break
-        time.sleep(0.002)
-    assert proc.poll() is None, f"run ended before the kill at step {kill_at}: {proc.stderr.read()[-2000:]}"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_when_logged(olingo_cmd(*grpo_args(tmp_path, "killed", assets)), killed / "metrics.jsonl", kill_at, env, timeout=240)
     subprocess.run(olingo_cmd(*grpo_args(tmp_path, "killed", assets, ["run.resume=last"])), check=True, capture_output=True, timeout=300, env=env)
     a, b = load_file(straight / "checkpoints/final/actor/model.safetensors"), load_file(killed / "checkpoints/final/actor/model.safetensors")
     for key, value in a.items():

@@ -5,9 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import random
-import signal
 import subprocess
-import time
 
 import pytest
 import torch
@@ -33,7 +31,7 @@ from olingo.models.rlvr import RLVRRewardModel
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.ppo import PPOTrainer
 from olingo.trainer.rm import score_pairs
-from tests.conftest import olingo_cmd, read_jsonl
+from tests.conftest import kill_when_logged, olingo_cmd, read_jsonl
 
 PROMPTS = ["1+1=", "12+17=", "20-3=", "5-5=", "7+13=", "19-11=", "3+4=", "10+10="]
 
@@ -399,15 +397,7 @@ def test_ppo_kill_and_resume_equals_an_uninterrupted_run(tmp_path, assets):
 
     kill_at = random.Random(os.getpid()).randint(3, 10)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(olingo_cmd(*ppo_args(tmp_path, "killed", assets)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if (killed / "metrics.jsonl").exists() and len((killed / "metrics.jsonl").read_text().splitlines()) >= kill_at:
-            break
-        time.sleep(0.002)
-    assert proc.poll() is None, f"run ended before the kill at step {kill_at}: {proc.stderr.read()[-2000:]}"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_when_logged(olingo_cmd(*ppo_args(tmp_path, "killed", assets)), killed / "metrics.jsonl", kill_at, timeout=240)
     subprocess.run(olingo_cmd(*ppo_args(tmp_path, "killed", assets, ["run.resume=last"])), check=True, capture_output=True, timeout=300)
     for key, value in weights(straight).items():
         assert torch.equal(value, weights(killed)[key]), key

@@ -105,3 +105,11 @@ def test_readme_dpo_example_runs(tmp_path, assets, small_pref_file, monkeypatch)
     assert len(list((tmp_path / "dpo" / "cache").glob("reference_logps-*.pt"))) == 1
     assert namespace["trainer"].state.step == 2  # 64 pairs, batch 8, accumulation 4
     assert namespace["trainer"].reference.released
+
+
+@pytest.mark.slow
+def test_readme_vllm_engine_example_runs(assets, capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    example = next(b for b in blocks if "VLLMEngine(" in b).replace("path/to/model", str(assets.model_dir))
+    exec(compile(example, "README.md", "exec"), {})
+    assert "torch.Size([8," in capsys.readouterr().out  # 2 prompts x 4 samples

@@ -255,6 +255,26 @@ def test_model_generation_config_does_not_leak_into_sampling(tokenizer):
     )
 
 
+def test_no_stop_ids_reach_generate_as_none_only_where_the_model_names_no_eos(tokenizer, monkeypatch):
+    """stop_token_ids=[]: generate gets eos None (no empty stop check per step) only when None
+    cannot let a model's own eos in; the rollouts are the same and run to max_new_tokens."""
+    with_eos, without_eos = build_tiny_llama(tokenizer), build_tiny_llama(tokenizer)
+    without_eos.generation_config.eos_token_id = None
+    seen, rollouts = [], []
+    for model in (with_eos, without_eos):
+        def spy(*args, generation_config, original=model.generate, **kwargs):
+            seen.append(generation_config.eos_token_id)
+            return original(*args, generation_config=generation_config, **kwargs)
+
+        monkeypatch.setattr(model, "generate", spy)
+        torch.manual_seed(3)
+        rollouts.append(rollout(model, tokenizer, max_new_tokens=12, stop_token_ids=[]))
+    assert seen == [[], None]
+    assert torch.equal(rollouts[0].sequences, rollouts[1].sequences)
+    assert all(r.num_actions == 12 and r.action_mask.all() for r in rollouts)
+    assert (responses(rollouts[0]) == EOS).any()  # the model's eos came and did not stop it
+
+
 def test_generation_config_is_explicit(tokenizer):
     sample = build_generation_config(GenerationSettings(top_k=0, top_p=0.9), tokenizer)
     assert (sample.do_sample, sample.top_k, sample.top_p, sample.temperature) == (True, 0, 0.9, 1.0)

@@ -3,6 +3,9 @@
     settings   `GenerationSettings` (how to sample) and `Rollout` (the shared sequence layout)
     base       the `RolloutEngine` protocol every backend implements
     hf         `HFEngine`: transformers `generate`, the default
+    vllm       `VLLMEngine` and its `VLLMSettings`: vLLM in this process (imports vllm only when
+               an engine is built)
+    sync       `sync_engine`/`engine_weights`: stream the policy into an engine holding a copy
 """
 
 from olingo.engines.base import RolloutEngine, repeat_prompts
@@ -14,15 +17,22 @@ from olingo.engines.settings import (
     concat_rollouts,
     rollout_from_responses,
 )
+from olingo.engines.sync import WeightSync, engine_weights, sync_engine
+from olingo.engines.vllm import VLLMEngine, VLLMSettings
 
 __all__ = [
     "GenerationSettings",
     "HFEngine",
     "Rollout",
     "RolloutEngine",
+    "VLLMEngine",
+    "VLLMSettings",
+    "WeightSync",
     "action_mask_from_responses",
     "concat_rollouts",
+    "engine_weights",
     "generate_rollout",
     "repeat_prompts",
     "rollout_from_responses",
+    "sync_engine",
 ]

@@ -12,8 +12,20 @@ Every generation backend (transformers `generate` today; vLLM next) implements `
         Load new policy weights (name -> tensor, the names of the policy's state dict), strictly:
         a key the engine's model lacks, or a full update that misses one, is an error. Returns
         the number of tensors loaded.
+    sleep(), wake()
+        Free the engine's accelerator memory while the trainer trains, and take it back before
+        the next sync or rollout; no-ops where `can_sleep` is False.
     close()
         Free what the engine holds (processes, accelerator memory).
+
+and the attributes
+
+    shares_weights
+        True when the engine generates from the trained module itself (`HFEngine`): nothing to
+        sync. False when it holds its own copy (`VLLMEngine`): the trainer streams the policy in
+        after each update (`olingo.engines.sync.sync_engine`).
+    can_sleep
+        Whether `sleep` frees anything.
 
 A trainer never calls `generate` on a model; it asks its engine. `tests/test_engines.py` holds
 every engine to the layout contract.
@@ -33,12 +45,23 @@ from olingo.engines.settings import GenerationSettings, Rollout
 class RolloutEngine(Protocol):
     """What the experience makers and evaluation need from a generation backend."""
 
+    shares_weights: bool
+    """True: generates from the trained module itself; False: holds a copy to sync."""
+
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, settings: GenerationSettings, n: int = 1) -> Rollout:
         """B left-padded prompts -> B * n responses in the shared layout (see the module doc)."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, full: bool = True) -> int:
         """Load policy weights by name, strictly; `full=False` allows a subset of the keys."""
+        ...
+
+    def sleep(self) -> None:
+        """Free accelerator memory until `wake`; a no-op where `can_sleep` is False."""
+        ...
+
+    def wake(self) -> None:
+        """Take back what `sleep` freed; a no-op when not asleep."""
         ...
 
     def close(self) -> None:

@@ -105,6 +105,11 @@ def generate_rollout(
     device = _model_device(model)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     config = build_generation_config(settings, tokenizer)
+    model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if config.eos_token_id == [] and not settings.stop_strings and model_eos is None:
+        # No stop at all: None says the same while the model names no eos of its own (generate
+        # fills None from it), and spares generate an empty stop check at every step.
+        config.eos_token_id = None
     _warn_on_leaking_model_settings(model, settings)
     extra = {"tokenizer": tokenizer} if settings.stop_strings else {}
 
@@ -186,6 +191,9 @@ class HFEngine:
     from generate's own logits (see `generate_rollout`); otherwise the caller scores them.
     """
 
+    shares_weights = True  # it generates with the trained module itself: nothing to sync
+    can_sleep = False  # the module is the trainer's; there is nothing of its own to free
+
     def __init__(self, model: Any, tokenizer: Any, *, with_log_probs: bool = False) -> None:
         self.model, self.tokenizer, self.with_log_probs = model, tokenizer, with_log_probs
 
@@ -197,6 +205,12 @@ class HFEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, full: bool = True) -> int:
         """Copy weights into the engine's model by name, strictly (see `load_named_tensors`)."""
         return load_named_tensors(self.model, dict(named_tensors), "policy", full=full)
+
+    def sleep(self) -> None:
+        """Nothing to free (`can_sleep` is False)."""
+
+    def wake(self) -> None:
+        """Nothing to take back."""
 
     def close(self) -> None:
         self.model = None  # the model may be the trained actor: drop the reference, free nothing else

@@ -21,8 +21,9 @@ import torch
 from olingo.models.functional import masked_sum
 
 # Fields with one (A,) row per sequence; `values` and `returns` exist only with a critic,
-# `base_action_log_probs` and `kl` only with a reference model.
-PER_TOKEN = ("action_log_probs", "base_action_log_probs", "values", "kl", "rewards", "advantages", "returns")
+# `base_action_log_probs` and `kl` only with a reference model, `engine_log_probs` only with
+# truncated importance sampling on.
+PER_TOKEN = ("action_log_probs", "base_action_log_probs", "values", "kl", "rewards", "advantages", "returns", "engine_log_probs")
 CRITIC_FIELDS = ("values", "returns")
 
 
@@ -51,6 +52,9 @@ class Experience:
             time; None without a critic.
         returns: (B, A) float or None. advantages (before whitening) + values: the critic's
             targets; None without a critic.
+        engine_log_probs: (B, A) float or None. log pi_engine(token j) as the rollout engine
+            reported it while sampling; carried only for truncated importance sampling
+            (`tis_cap`), None otherwise.
         info: per-batch scalar diagnostics (mean reward, KL, response length, ...).
     """
 
@@ -68,6 +72,7 @@ class Experience:
     policy_version: int = 0
     values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    engine_log_probs: torch.Tensor | None = None
     info: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

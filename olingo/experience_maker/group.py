@@ -34,6 +34,7 @@ from olingo.experience_maker.advantages import (
     GroupEstimator,
     build_group_estimator,
 )
+from olingo.experience_maker.engine_logprobs import policy_log_probs
 from olingo.experience_maker.experience import (
     BufferItem,
     Experience,
@@ -63,6 +64,7 @@ class GroupExperienceConfig(StrictModel):
     overlong_penalty: float = Field(1.0, ge=0, description="the penalty at max_new_tokens (scales DAPO's -1)")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose scores are all equal and sample more prompts until the batch is full")
     max_resample_rounds: int = Field(3, ge=0, description="dynamic sampling: extra prompt batches drawn per collect step at most; then train on what there is")
+    old_logprobs: Literal["trainer", "engine"] = Field("trainer", description="log pi_old in the ratio: the trainer's forward (trainer) or, with a separate engine (vllm), the log-probs it sampled with (engine; see docs/engines.md)")
     inference_batch_size: int | None = Field(None, ge=1, description="sequences per generate call (default: the whole rollout batch x G)")
     logits_forward_batch_size: int | None = Field(None, ge=1, description="sequences per forward when scoring old and reference log-probs (default: all at once)")
 
@@ -97,6 +99,7 @@ class GroupExperienceMaker:
         self.generation = generation or GenerationSettings()
         self.engine = engine or HFEngine(actor, tokenizer)
         self.needs_old_log_probs = needs_old_log_probs
+        self.carry_engine_log_probs = False  # the trainer turns it on for truncated importance sampling
         self.all_reduce_sum = all_reduce_sum
         self.group_size = self.config.num_generations
         self.estimator = build_group_estimator(
@@ -135,15 +138,15 @@ class GroupExperienceMaker:
         rollout = dataclasses.replace(rollout, **{k: getattr(rollout, k).to(device) for k in ("sequences", "attention_mask", "action_mask", "truncated")})
         temperature = settings.temperature if settings.do_sample else 1.0
         wants_old = self.reference is not None if with_old_log_probs is None else with_old_log_probs
-        log_probs = ref_log_probs = None
-        if wants_old:
-            log_probs = rollout.log_probs.to(device) if rollout.log_probs is not None else self._log_probs(self.actor, rollout, temperature)
+        policy = policy_log_probs(rollout, getattr(self.engine, "shares_weights", True), lambda: self._log_probs(self.actor, rollout, temperature), wants_old)
+        log_probs, ref_log_probs = policy.old(self.config.old_logprobs), None
         if self.reference is not None:
             ref_log_probs = self._log_probs(self.reference, rollout, temperature).to(device)
         prompts = input_ids.repeat_interleave(n, dim=0) if n > 1 else input_ids
         gt_answers = [g for g in gt_answers for _ in range(n)] if gt_answers is not None else None
         row_fields = {k: [v for v in values for _ in range(n)] for k, values in row_fields.items()} if row_fields else row_fields
-        return score_rollout(self.reward, self.tokenizer, prompts, rollout, gt_answers, row_fields, log_probs, ref_log_probs)
+        scored = score_rollout(self.reward, self.tokenizer, prompts, rollout, gt_answers, row_fields, log_probs, ref_log_probs)
+        return dataclasses.replace(scored, engine_log_probs=policy.engine, engine_info=policy.info)
 
     def _log_probs(self, model: nn.Module, rollout: Any, temperature: float) -> torch.Tensor:
         """log pi(response tokens) under `model`, `logits_forward_batch_size` rows at a time: (B, A)."""
@@ -158,8 +161,8 @@ class GroupExperienceMaker:
         row_fields: dict[str, list[Any]] | None = None,
     ) -> Experience:
         """B prompts -> B x G scored rollouts, groups contiguous; `advantages` is None until `finish`."""
-        needs_policy = self.needs_old_log_probs or self.kl_in_reward
-        scored = self.rollout_and_score(input_ids, attention_mask, gt_answers, None, row_fields, n=self.group_size, with_old_log_probs=needs_policy)
+        needs_old = self.needs_old_log_probs or self.config.old_logprobs == "engine"  # the engine's differ from the current policy's
+        scored = self.rollout_and_score(input_ids, attention_mask, gt_answers, None, row_fields, n=self.group_size, with_old_log_probs=needs_old or self.kl_in_reward)
         rollout, cfg = scored.rollout, self.config
         action_mask = rollout.action_mask
         kl = None  # with the KL as a loss and no pi_old needed, no forward is spent on it here: train/kl_loss reports it
@@ -171,11 +174,12 @@ class GroupExperienceMaker:
         rewards = per_token_rewards(score, kl if kl is not None else torch.zeros(action_mask.shape, device=score.device), action_mask, kl_coef, "last")
         experience = Experience(
             sequences=rollout.sequences, attention_mask=rollout.attention_mask, action_mask=action_mask,
-            action_log_probs=scored.log_probs if self.needs_old_log_probs else None,
+            action_log_probs=scored.log_probs if needs_old else None,
             base_action_log_probs=scored.ref_log_probs, kl=kl, rewards=rewards, advantages=None,
             score=score, raw_score=scored.raw_score, truncated=rollout.truncated, policy_version=policy_version,
+            engine_log_probs=scored.engine_log_probs if self.carry_engine_log_probs else None,
         )
-        experience.info = {**experience_info(experience), "group_reward_std": _mean_group_std(scored.raw_score.float(), self.group_size)}
+        experience.info = {**experience_info(experience), "group_reward_std": _mean_group_std(scored.raw_score.float(), self.group_size), **scored.engine_info}
         experience.info.update({f"reward/{name}": float(v.float().mean()) for name, v in scored.reward_terms.items()})
         self.last_samples = scored.samples()
         return experience

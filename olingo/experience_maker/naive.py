@@ -31,6 +31,7 @@ from olingo.experience_maker.advantages import (
     build_advantage_estimator,
 )
 from olingo.experience_maker.config import ExperienceConfig, RewardShaping
+from olingo.experience_maker.engine_logprobs import policy_log_probs
 from olingo.experience_maker.experience import Experience, experience_info
 from olingo.experience_maker.kl_controller import AdaptiveKLController, FixedKLController
 from olingo.models.functional import (
@@ -89,6 +90,10 @@ class ScoredRollout:
     reward_terms: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     """Each reward term's unweighted (B,) values (reward functions, a neural term), when the
     reward is a `CompositeReward`; logged as `rollout/reward/<name>`."""
+    engine_log_probs: torch.Tensor | None = None
+    """(B, A): the log-probs a separate rollout engine reported (see `engine_logprobs`)."""
+    engine_info: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The engine/trainer mismatch metrics of this rollout, logged as `rollout/engine_*`."""
 
     def samples(self) -> list[dict[str, Any]]:
         """One JSON-ready dict per rollout: prompt, response, gt_answer, reward, truncated."""
@@ -180,6 +185,7 @@ class NaiveExperienceMaker:
         self.all_reduce_sum = all_reduce_sum
         self.reward_moments = RunningMoments() if self.shaping.normalize else None
         self.generation = generation or GenerationSettings()
+        self.carry_engine_log_probs = False  # the trainer turns it on for truncated importance sampling
         self.last_samples: list[dict[str, Any]] = []  # texts of the last batch, for sample logs
 
     @property
@@ -199,12 +205,16 @@ class NaiveExperienceMaker:
         rollout = _rollout_on(self.engine.generate(input_ids.to(device), attention_mask.to(device), settings), device)
         seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
         temperature = settings.temperature if settings.do_sample else 1.0
-        log_probs = rollout.log_probs if rollout.log_probs is not None else action_log_probs(self.actor, seq, mask, num_actions, temperature)
+        policy = policy_log_probs(
+            rollout, getattr(self.engine, "shares_weights", True), lambda: action_log_probs(self.actor, seq, mask, num_actions, temperature), wanted=True,
+        )
+        log_probs = policy.old(self.config.old_logprobs)
         if self.config.skip_reference_when_kl_zero and isinstance(self.kl_ctl, FixedKLController) and self.kl_ctl.value == 0:
             ref_log_probs = log_probs  # KL is exactly 0 and -0 * KL adds nothing to any reward
         else:
             ref_log_probs = action_log_probs(self.initial_model, *_on(self.initial_model, seq, mask), num_actions, temperature).to(device)
-        return score_rollout(self.reward_model, self.tokenizer, input_ids, rollout, gt_answers, row_fields, log_probs, ref_log_probs)
+        scored = score_rollout(self.reward_model, self.tokenizer, input_ids, rollout, gt_answers, row_fields, log_probs, ref_log_probs)
+        return dataclasses.replace(scored, engine_log_probs=policy.engine, engine_info=policy.info)
 
     @torch.no_grad()
     def make_experience(
@@ -233,9 +243,9 @@ class NaiveExperienceMaker:
             action_log_probs=scored.log_probs, base_action_log_probs=scored.ref_log_probs,
             kl=kl, rewards=rewards, advantages=advantages, values=values, returns=returns,
             score=score, raw_score=scored.raw_score, truncated=rollout.truncated,
-            policy_version=policy_version,
+            policy_version=policy_version, engine_log_probs=scored.engine_log_probs if self.carry_engine_log_probs else None,
         )
-        experience.info = {**experience_info(experience), "kl_coef": self.kl_ctl.value}
+        experience.info = {**experience_info(experience), "kl_coef": self.kl_ctl.value, **scored.engine_info}
         experience.info.update({f"reward/{name}": float(values.float().mean()) for name, values in scored.reward_terms.items()})
         self.last_samples = scored.samples()
         self.kl_ctl.update(*self._global_kl(experience.info["kl"], experience.batch_size))

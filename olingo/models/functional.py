@@ -167,6 +167,45 @@ def kl_estimate(
     raise ValueError(f"unknown KL estimator {estimator!r}; choose one of 'k1', 'k2', 'k3'")
 
 
+def truncated_is_weights(
+    trainer_log_probs: torch.Tensor, engine_log_probs: torch.Tensor, cap: float, action_mask: torch.Tensor,
+) -> torch.Tensor:
+    """Truncated importance sampling weights for a rollout engine's mismatch (Yao et al. 2025,
+    "Your efficient RL framework secretly brings you off-policy RL training"; REFERENCE.md D3).
+
+    trainer_log_probs, engine_log_probs, action_mask: (B, A). The engine sampled token t with
+    probability pi_engine(t), while the ratio of the policy loss divides by the trainer's
+    pi_old(t) of the same weights; the two differ by kernels and precision, so the gradient
+    is off-policy. w_t = min(pi_old(t) / pi_engine(t), cap), a constant (no gradient), multiplies
+    each token's policy loss. Returns (B, A); 1 at masked positions (padding is multiplied by a
+    zero mask anyway; 1 keeps inf/NaN out of it).
+    """
+    if cap <= 0:
+        raise ValueError(f"tis_cap must be > 0, got {cap}")
+    mask = _as_bool(action_mask, trainer_log_probs)
+    log_ratio = torch.where(mask, trainer_log_probs.detach() - engine_log_probs, torch.zeros_like(trainer_log_probs))
+    return log_ratio.exp().clamp(max=cap).detach()
+
+
+def engine_mismatch(trainer_log_probs: torch.Tensor, engine_log_probs: torch.Tensor, action_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How far a rollout engine's log-probs of the sampled tokens are from the trainer's.
+
+    trainer_log_probs, engine_log_probs, action_mask: (B, A), the same tokens under the same
+    weights. Returns scalars: `engine_logprob_abs_diff`, the mean |log pi_trainer - log
+    pi_engine| over response tokens, its max `engine_logprob_max_diff`, and `engine_kl`, the k3
+    estimate of KL(pi_engine || pi_trainer) per token from the engine's own samples (>= 0; 0
+    when the two agree). Both are 0 for an exact engine; kernels and precision make them
+    ~1e-6 in fp32 and ~1e-3 to 1e-2 in bf16.
+    """
+    mask = _as_bool(action_mask, trainer_log_probs)
+    diff = torch.where(mask, trainer_log_probs - engine_log_probs, torch.zeros_like(trainer_log_probs))
+    return {
+        "engine_logprob_abs_diff": masked_mean(diff.abs(), mask),
+        "engine_logprob_max_diff": diff.abs().max() if diff.numel() else diff.new_zeros(()),
+        "engine_kl": masked_mean(kl_estimate(engine_log_probs, trainer_log_probs, "k3", mask), mask),
+    }
+
+
 def per_token_rewards(
     score: torch.Tensor,
     kl: torch.Tensor,

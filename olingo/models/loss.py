@@ -94,6 +94,8 @@ class PolicyLoss(nn.Module):
     log_probs, old_log_probs, advantages, action_mask: (B, A). ratio = exp(logp - logp_old);
     loss_t = -min(ratio A_t, clip(ratio, 1 - eps, 1 + eps) A_t), averaged over each sequence's
     masked tokens, then over the B sequences (so every sequence weighs the same, however long).
+    `tis_weights` (B, A) or None: truncated importance weights pi_old / pi_engine of a rollout
+    engine other than the trainer (`truncated_is_weights`), multiplying each token's loss.
     Returns (loss, skip, stats). `skip` is True when the mean ratio over masked tokens exceeds
     `skip_threshold`: the policy has diverged from the one that sampled, and ColossalChat skips
     that update. stats (detached scalars): clipfrac, approx_kl (k3 estimate of KL(old || new)),
@@ -111,6 +113,7 @@ class PolicyLoss(nn.Module):
         old_log_probs: torch.Tensor,
         advantages: torch.Tensor,
         action_mask: torch.Tensor,
+        tis_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, bool, dict[str, torch.Tensor]]:
         mask = action_mask.bool()
         # Zero the log-ratio of padding before exp: garbage there could overflow to inf, and
@@ -120,6 +123,8 @@ class PolicyLoss(nn.Module):
         advantages = torch.where(mask, advantages, torch.zeros_like(advantages))
         clipped = ratio.clamp(1 - self.clip_eps, 1 + self.clip_eps)
         token_loss = -torch.min(ratio * advantages, clipped * advantages)
+        if tis_weights is not None:  # the engine sampled, not pi_old: reweight (truncated IS)
+            token_loss = token_loss * tis_weights
         loss = masked_mean(token_loss, mask, dim=-1).mean()
         with torch.no_grad():
             ratio_mean = masked_mean(ratio, mask)
@@ -130,6 +135,8 @@ class PolicyLoss(nn.Module):
                 "ratio_max": torch.where(mask, ratio, torch.zeros_like(ratio)).max(),
                 "ratio_mean": ratio_mean,
             }
+            if tis_weights is not None:
+                stats["tis_weight_mean"] = masked_mean(tis_weights, mask)
         return loss, bool(ratio_mean > self.skip_threshold), stats
 
 
@@ -180,7 +187,9 @@ class GroupPolicyLoss(nn.Module):
     the current policy (one update per batch): the ratio is exactly 1 and the gradient is that
     of log pi. Returns (loss, stats); stats are detached: policy_loss and kl_loss (shares, to be
     summed over the step), clipfrac, clipfrac_low/high (ratio below/above the band where the
-    clip was taken), approx_kl (k3 of pi_old vs pi), ratio_max.
+    clip was taken), approx_kl (k3 of pi_old vs pi), ratio_max. `tis_weights` (B, A) or None:
+    truncated importance weights for a rollout engine's mismatch (`truncated_is_weights`),
+    multiplying each token's policy loss (not the KL term); adds tis_weight_mean.
     """
 
     def __init__(
@@ -194,13 +203,15 @@ class GroupPolicyLoss(nn.Module):
 
     def forward(
         self, log_probs: torch.Tensor, old_log_probs: torch.Tensor | None, advantages: torch.Tensor, action_mask: torch.Tensor,
-        units: torch.Tensor | float, ref_log_probs: torch.Tensor | None = None,
+        units: torch.Tensor | float, ref_log_probs: torch.Tensor | None = None, tis_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = action_mask.bool()
         old = log_probs.detach() if old_log_probs is None else old_log_probs
         log_ratio = torch.where(mask, log_probs - old, torch.zeros_like(log_probs))  # select: padding may hold anything
         advantages = torch.where(mask, advantages, torch.zeros_like(advantages))
         token_loss, clipped = clipped_surrogate(log_ratio, advantages, self.eps_low, self.eps_high, self.dual_clip)
+        if tis_weights is not None:  # the engine sampled, not pi_old: reweight (truncated IS)
+            token_loss = token_loss * tis_weights
         policy_loss = aggregate_loss(token_loss, mask, self.aggregation, units, self.max_length)
         loss, kl_loss = policy_loss, torch.zeros_like(policy_loss)
         if self.kl_coef > 0 and ref_log_probs is not None:
@@ -218,6 +229,8 @@ class GroupPolicyLoss(nn.Module):
                 "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
                 "ratio_max": torch.where(mask, ratio, torch.zeros_like(ratio)).max(),
             }
+            if tis_weights is not None:
+                stats["tis_weight_mean"] = masked_mean(tis_weights, mask)
         return loss, stats
 
 

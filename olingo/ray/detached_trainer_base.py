@@ -51,7 +51,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from olingo.experience_maker import BufferItem, Experience
 from olingo.experience_maker.experience import experience_info
-from olingo.ray.detached_replay_buffer import DetachedReplayBuffer
+from olingo.ray.detached_replay_buffer import ACCEPTED, DetachedReplayBuffer
 from olingo.ray.weights import state_dict_for_sync, state_dict_nbytes
 from olingo.ray.worker import setup_worker_logging
 from olingo.trainer._support import callback_states, default_callbacks, restore_callback_states
@@ -134,6 +134,7 @@ class DetachedTrainer(ABC):
         self.state = LoopState()
         self.start_episode = 0
         self.policy_version = 0
+        self._engine_info: dict[str, float] = {}  # rollout/engine_* of the latest batch received
         self.sync_steps: list[int] = []  # the step of every full weight sync, oldest first
         self.run_config: dict[str, Any] | None = None
         self.summary: dict[str, Any] = {}
@@ -231,6 +232,8 @@ class DetachedTrainer(ABC):
     def buffer_append(self, experience: Experience) -> str:
         """A maker pushes a batch: "accepted", "full" (retry later) or "closed" (training ended)."""
         status = self.detached_replay_buffer.append(experience)
+        if status == ACCEPTED:  # the buffer re-batches rows and drops `info`: keep the maker's engine gap
+            self._engine_info = {k: v for k, v in experience.info.items() if k.startswith("engine_")} or self._engine_info
         if self._debug:
             logger.info("[trainer] buffer_append of %d rollouts: %s", experience.batch_size, status)
         return status
@@ -281,6 +284,8 @@ class DetachedTrainer(ABC):
     def _ray_metrics(self, experience: Experience) -> dict[str, float]:
         counts = self.detached_replay_buffer.counts
         metrics = {f"rollout/{k}": v for k, v in experience_info(experience).items()}
+        # The engine/trainer log-prob gap of the latest batch a vLLM maker sent (it measured it).
+        metrics.update({f"rollout/{k}": v for k, v in self._engine_info.items()})
         metrics.update({
             "ray/staleness": float(sum(s > experience.policy_version for s in self.sync_steps)),
             "ray/buffer_batches": float(self.detached_replay_buffer.get_length()),
@@ -477,7 +482,7 @@ class DetachedTrainer(ABC):
         nbytes = sum(state_dict_nbytes(s) for s in states if s is not None)
         refs = [ray.put(s) if s is not None else None for s in states]
         calls = [m.update_experience_maker.remote(*refs, policy_version=policy_version, fully_update=True) for m in makers]
-        self._get(calls, "weight sync")
+        answers = self._get(calls, "weight sync")
         seconds = time.perf_counter() - start
         tensors = sum(len(s) for s in states if s is not None)
         what = f"{len(states[0])} actor + {len(states[1])} critic tensors" if states[1] is not None else f"{len(states[0])} actor tensors"
@@ -487,7 +492,13 @@ class DetachedTrainer(ABC):
             "perf/weight_sync_gbps": nbytes * len(makers) / max(seconds, 1e-9) / 1e9,
             "perf/weight_sync_mb": nbytes / 1e6,
             "perf/weight_sync_tensors": float(tensors),
+            # The names local training uses: the whole sync, makers' engine loads included.
+            "time/weight_sync": seconds,
+            "perf/weight_sync_GBps": nbytes * len(makers) / max(seconds, 1e-9) / 1e9,
         }
+        engine_loads = [a["time/weight_sync"] for a in answers if isinstance(a, dict) and "time/weight_sync" in a]
+        if engine_loads:  # makers with a vLLM engine streamed the weights on into it
+            self._sync_metrics["time/engine_weight_load"] = max(engine_loads)
 
     def _write_trainer_state(self, directory: Path) -> None:
         """Next to the models: the RNG and `trainer_state.json` (counters, makers, callbacks)."""

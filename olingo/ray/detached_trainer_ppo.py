@@ -43,7 +43,8 @@ class DetachedPPOTrainer(DetachedTrainer):
     Args (beyond `DetachedTrainer`'s, which pass through `**trainer_kwargs`):
         model_fn: () -> (actor, critic), built inside the actor: the same architectures the
             makers build, since weights are synced by exact key.
-        eps_clip, value_clip, vf_coef: PPO loss settings.
+        eps_clip, value_clip, vf_coef: PPO loss settings; tis_cap: truncated importance sampling
+            of a vLLM maker's rollouts (the makers must carry engine log-probs).
         temperature: the makers' sampling temperature (log-probs are compared at it); `fit`
             checks that every maker samples at this temperature.
         optim_fn: (actor, critic) -> (actor_optim, critic_optim, actor_scheduler, critic_scheduler)
@@ -65,6 +66,7 @@ class DetachedPPOTrainer(DetachedTrainer):
         debug: bool = False,
         *,
         vf_coef: float = 1.0,
+        tis_cap: float | None = None,
         temperature: float = 1.0,
         optim_fn: Callable[[torch.nn.Module, torch.nn.Module], tuple] | None = None,
         actor_lr: float = 1e-6,
@@ -83,7 +85,7 @@ class DetachedPPOTrainer(DetachedTrainer):
         critic, critic_optim, _, _, critic_scheduler = critic_booster.boost(critic, critic_optim, lr_scheduler=critic_scheduler)
         self.learner = PPOLearner.build(
             actor_booster, critic_booster, actor, critic, actor_optim, critic_optim, actor_scheduler, critic_scheduler,
-            PPOLossConfig(eps_clip=eps_clip, value_clip=value_clip, vf_coef=vf_coef),
+            PPOLossConfig(eps_clip=eps_clip, value_clip=value_clip, vf_coef=vf_coef, tis_cap=tis_cap),
         )
         self.device = self.learner.device
         self.temperature = temperature

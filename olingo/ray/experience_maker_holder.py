@@ -35,7 +35,7 @@ import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from olingo.dataset.sampler import CyclicLoader
-from olingo.engines import RolloutEngine
+from olingo.engines import RolloutEngine, sync_engine
 from olingo.experience_maker import (
     Experience,
     ExperienceConfig,
@@ -249,12 +249,15 @@ class ExperienceMakerHolder:
         start = time.perf_counter()
         with self._lock:
             loaded = 0
-            if new_actor_state_dict is not None:  # through the engine: it generates with these weights
-                loaded += self.maker.engine.update_weights(new_actor_state_dict.items(), full=fully_update)
+            sync: dict[str, float] = {}
+            if new_actor_state_dict is not None:
+                loaded += load_synced_state(self.maker.actor, new_actor_state_dict, "actor", fully_update)
+                if not getattr(self.maker.engine, "shares_weights", True):  # vLLM: stream the (LoRA-merged) policy in
+                    sync = sync_engine(self.maker.engine, self.maker.actor).metrics()
             if new_critic_state_dict is not None:
                 loaded += load_synced_state(self.maker.critic, new_critic_state_dict, "critic", fully_update)
             self.policy_version = policy_version
-        return {"tensors": loaded, "load_s": time.perf_counter() - start}
+        return {"tensors": loaded, "load_s": time.perf_counter() - start, **sync}
 
     @ray.method(concurrency_group="model_io")
     def actor_fingerprint(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -43,17 +43,23 @@ class PPOMaking:
     """PPO experience: `NaiveExperienceMaker` over the four models `model_fn` returns
     (actor, critic, reward, reference). Its state: the KL controller and reward statistics."""
 
-    def __init__(self, kl_coef: float | None = None, config: ExperienceConfig | None = None, shaping: RewardShaping | None = None) -> None:
+    def __init__(
+        self, kl_coef: float | None = None, config: ExperienceConfig | None = None, shaping: RewardShaping | None = None, *,
+        carry_engine_log_probs: bool = False,
+    ) -> None:
         self.kl_coef, self.config, self.shaping = kl_coef, config, shaping
+        self.carry_engine_log_probs = carry_engine_log_probs  # truncated importance sampling in the trainer
         self.counts: dict[str, float] = {}  # nothing beyond the holder's own counts
 
     def build(self, models: tuple, tokenizer: Any, generation: GenerationSettings, engine_fn: EngineFn | None) -> NaiveExperienceMaker:
         actor, critic, reward_model, initial_model = models
-        return NaiveExperienceMaker(
+        maker = NaiveExperienceMaker(
             actor.eval(), critic.eval(), reward_model, initial_model, tokenizer, self.kl_coef,
             config=self.config, shaping=self.shaping, generation=generation,
             engine=engine_fn(actor, tokenizer) if engine_fn is not None else None,
         )
+        maker.carry_engine_log_probs = self.carry_engine_log_probs
+        return maker
 
     def make(self, maker: NaiveExperienceMaker, batch: PromptBatch, next_batch: Callable[[], PromptBatch], policy_version: int) -> Experience:
         return maker.make_experience(
@@ -82,18 +88,21 @@ class GroupMaking:
             steps per sync, several passes, or stale batches allowed); without it the ratio is 1.
     """
 
-    def __init__(self, config: GroupExperienceConfig, needs_old_log_probs: bool = True) -> None:
+    def __init__(self, config: GroupExperienceConfig, needs_old_log_probs: bool = True, *, carry_engine_log_probs: bool = False) -> None:
         self.config, self.needs_old_log_probs = config, needs_old_log_probs
+        self.carry_engine_log_probs = carry_engine_log_probs  # truncated importance sampling in the trainer
         self.counts: dict[str, float] = {"sampled_groups": 0, "kept_groups": 0} if config.dynamic_sampling else {}
 
     def build(self, models: tuple, tokenizer: Any, generation: GenerationSettings, engine_fn: EngineFn | None) -> GroupExperienceMaker:
         actor, reward, reference = models
         if self.config.kl_coef > 0 and reference is None:
             raise ValueError(f"experience.kl_coef={self.config.kl_coef} needs a reference model, and model_fn returned none")
-        return GroupExperienceMaker(
+        maker = GroupExperienceMaker(
             actor.eval(), reward, reference if self.config.kl_coef > 0 else None, tokenizer, config=self.config, generation=generation,
             engine=engine_fn(actor, tokenizer) if engine_fn is not None else None, needs_old_log_probs=self.needs_old_log_probs,
         )
+        maker.carry_engine_log_probs = self.carry_engine_log_probs
+        return maker
 
     def make(self, maker: GroupExperienceMaker, batch: PromptBatch, next_batch: Callable[[], PromptBatch], policy_version: int) -> Experience:
         if not self.config.dynamic_sampling:

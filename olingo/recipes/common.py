@@ -129,7 +129,7 @@ class CallbackSpec(StrictModel):
 def assets_root() -> Path:
     """Where built-in task assets are written: $OLINGO_HOME/assets or ~/.cache/olingo/assets."""
     home = os.environ.get("OLINGO_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "olingo")
-    return Path(home) / "assets" / "arithmetic-v1"
+    return Path(home) / "assets" / "arithmetic-v2"  # v2: heads of 32 dimensions (vLLM-compatible)
 
 
 def resolve_path(path: str) -> str:
@@ -363,3 +363,26 @@ def fit_run(
         "eval": trainer.last_eval_metrics,
         "steps": artifacts.completed_steps,
     }
+
+
+def build_rollout_engine(kind: str, settings: Any, model_path: str, tokenizer: Any, device: Any) -> Any:
+    """The rollout engine `generation.engine` names: None for `hf` (the trainer samples with its
+    own actor, nothing to build), an in-process `VLLMEngine` on `model_path` for `vllm` (its
+    weights are synced from the policy before the first rollout, so a resumed run generates
+    from the checkpoint). `settings`: the `generation.vllm` section."""
+    if kind == "hf":
+        return None
+    from olingo.engines.vllm import VLLMEngine  # imports vllm: only when asked for
+
+    return VLLMEngine(resolve_path(model_path), tokenizer, settings, device=device)
+
+
+def check_engine_config(engine: str, plugin: Any, ray_enabled: bool) -> None:
+    """A vLLM engine lives in the training process: one process only (Ray makers each have theirs)."""
+    if engine == "vllm" and not ray_enabled and plugin.coordinator.world_size > 1:
+        raise ConfigError(
+            "generation.engine: vllm runs one in-process vLLM engine, which cannot share a process with DDP/FSDP "
+            f"ranks ({plugin.coordinator.world_size} processes here); train in one process, or set ray.enabled so that each "
+            "rollout maker has its own engine"
+        )
+

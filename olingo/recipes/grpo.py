@@ -27,6 +27,8 @@ from olingo.recipes.common import (
     RunSetup,
     attach_experiment,
     build_callbacks,
+    build_rollout_engine,
+    check_engine_config,
     check_model_paths,
     enable_gradient_checkpointing,
     open_run,
@@ -95,6 +97,7 @@ def build_trainer(cfg: GRPOConfig, setup: RunSetup, models: GRPOModels, callback
         experience_config=exp, loss_config=cfg.loss, eval_interval=loop.eval_interval,
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
+        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device),
         **generate_kwargs(cfg.generation),
     )
     trainer.show_progress = cfg.logging.progress
@@ -124,6 +127,7 @@ def run_grpo(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogCon
     check_grpo_config(cfg)
     # 1. seed, plugin, the run directory and checkpoint to resume (checked; written before fit)
     setup = open_run(cfg.run, cfg.plugin, cfg.actor_optim.max_grad_norm, cfg, cfg.logging)
+    check_engine_config(cfg.generation.engine, setup.plugin, ray_enabled=False)
     # 2. models: policy, reward, reference only with a KL term
     models = load_models(cfg, "cpu" if cfg.loop.offload_inference_models else setup.plugin.device)
     # 3. data, validated before any training

@@ -146,7 +146,7 @@ def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict
     # 2-7. makers making whole groups with their advantages; the GRPO trainer (the policy only),
     # one optimizer step per buffer batch of accumulation_steps micro-batches
     grpo = RayAlgorithm(
-        "grpo", models, GroupMaking(cfg.experience, needs_old_log_probs=needs_old_log_probs(cfg)),
+        "grpo", models, GroupMaking(cfg.experience, needs_old_log_probs=needs_old_log_probs(cfg), carry_engine_log_probs=cfg.loss.tis_cap is not None),
         trainer_models=GRPOModelsFn(models.actor, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora, gradient_checkpointing=m.gradient_checkpointing),
         optim_fn=GRPOOptimFn(cfg.actor_optim, optimizer_steps(cfg, batches)), batches=batches,
         trainer_kwargs=dict(

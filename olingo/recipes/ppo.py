@@ -31,7 +31,9 @@ from olingo.recipes.common import (
     RunSetup,
     attach_experiment,
     build_callbacks,
+    build_rollout_engine,
     check_batch_fits,
+    check_engine_config,
     check_model_paths,
     check_room_for_text,
     enable_gradient_checkpointing,
@@ -140,9 +142,10 @@ def build_trainer(cfg: PPOConfig, setup: RunSetup, models: PPOModels, callbacks:
         offload_inference_models=loop.offload_inference_models, accumulation_steps=loop.accumulation_steps,
         save_interval=loop.save_interval, save_dir=str(setup.run_dir), coordinator=setup.coordinator,
         callbacks=[PerformanceEvaluator(), *build_callbacks(cfg.callbacks), *callbacks],
-        experience_config=cfg.experience, reward_shaping=cfg.reward, eval_interval=loop.eval_interval,
+        experience_config=cfg.experience, reward_shaping=cfg.reward, eval_interval=loop.eval_interval, tis_cap=cfg.loss.tis_cap,
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
+        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device),
         **generate_kwargs(cfg.generation),
     )
     trainer.show_progress = cfg.logging.progress
@@ -167,6 +170,7 @@ def run_ppo(cfg: PPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogConte
     check_ppo_config(cfg)
     # 1. seed, plugin, the run directory and checkpoint to resume (checked; written before fit)
     setup = open_run(cfg.run, cfg.plugin, cfg.actor_optim.max_grad_norm, cfg, cfg.logging)
+    check_engine_config(cfg.generation.engine, setup.plugin, ray_enabled=False)
     # 2. models: actor, frozen reference, critic, reward
     models = load_models(cfg, "cpu" if cfg.loop.offload_inference_models else setup.plugin.device)
     # 3. data, validated before any training
@@ -184,11 +188,15 @@ def resume_and_fit(trainer: Any, setup: RunSetup, cfg: Any, data: PPOData) -> di
     if setup.checkpoint is not None:
         trainer.load_checkpoint(setup.checkpoint)
     setup.commit()
-    loop = cfg.loop
-    artifacts = trainer.fit(
-        loop.episodes, loop.collect_steps, loop.update_steps, data.prompts, data.pretrain,
-        log_dir=str(setup.run_dir), use_wandb=cfg.logging.wandb, eval_dataloader=data.eval_prompts,
-    )
+    loop, engine = cfg.loop, trainer.experience_maker.engine
+    try:
+        artifacts = trainer.fit(
+            loop.episodes, loop.collect_steps, loop.update_steps, data.prompts, data.pretrain,
+            log_dir=str(setup.run_dir), use_wandb=cfg.logging.wandb, eval_dataloader=data.eval_prompts,
+        )
+    finally:
+        if not getattr(engine, "shares_weights", True):
+            engine.close()  # a separate engine (vLLM) holds memory and, on CUDA, a share of the GPU
     return {
         "run_dir": str(setup.run_dir),
         "final_model": str(setup.run_dir / "checkpoints" / "final" / "actor"),

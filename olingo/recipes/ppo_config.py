@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from olingo.config import StrictModel
+from olingo.engines.vllm import VLLMSettings
 from olingo.experience_maker.config import ExperienceConfig, RewardShaping
 from olingo.ray.config import RayConfig
 from olingo.recipes.common import (
@@ -57,7 +58,10 @@ class PPODataConfig(StrictModel):
 
 
 class GenerationConfig(StrictModel):
-    """Rollout sampling (transformers generate with a KV cache)."""
+    """Rollout sampling and the engine that samples (docs/engines.md)."""
+
+    engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: hf (transformers generate on the trained model itself) or vllm (an in-process vLLM engine with its own copy of the weights, synced after every update; see the vllm section)")
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings, description="the vLLM engine's settings (engine: vllm)")
 
     max_new_tokens: int = Field(64, ge=1, description="response tokens at most; longer responses are truncated")
     do_sample: bool = Field(True, description="sample (true) or decode greedily")
@@ -106,7 +110,8 @@ class PPOConfig(StrictModel):
 
 
 def generate_kwargs(cfg: GenerationConfig, temperature: float | None = None) -> dict:
-    kwargs = cfg.model_dump()
+    """The `GenerationSettings` keywords of the section (what to sample, not which engine)."""
+    kwargs = cfg.model_dump(exclude={"engine", "vllm"})
     kwargs["stop_strings"] = kwargs["stop_strings"] or None
     if temperature is not None:
         kwargs["temperature"] = temperature

@@ -80,6 +80,20 @@ class PromptLoaderFn:
         )
 
 
+@dataclass
+class VLLMEngineFn:
+    """A maker's vLLM engine (`generation.engine: vllm`), built inside the maker on its actor's
+    device from the policy's directory; the maker streams every weight sync on into it."""
+
+    model_path: str
+    settings: Any  # VLLMSettings
+
+    def __call__(self, actor: Any, tokenizer: Any) -> Any:
+        from olingo.engines.vllm import VLLMEngine  # imports vllm: inside the maker only
+
+        return VLLMEngine(self.model_path, tokenizer, self.settings, device=next(actor.parameters()).device)
+
+
 # ---- what an algorithm brings --------------------------------------------------------------------
 @dataclass
 class RayAlgorithm:
@@ -154,6 +168,7 @@ def _spawn_maker(cfg: RayRecipeConfig, algorithm: RayAlgorithm, launch: Any, i: 
         cfg.ray, name, [trainer_name], models, TokenizerFn(models.tokenizer),
         PromptLoaderFn([resolve_path(s) for s in data.prompts], models.tokenizer, data.max_prompt_length, loop.rollout_batch_size, seed=cfg.run.seed + 1000 * i, skip_invalid=data.skip_invalid),
         making=algorithm.making,
+        engine_fn=VLLMEngineFn(models.actor, cfg.generation.vllm) if cfg.generation.engine == "vllm" else None,
         eval_dataloader_fn=PromptLoaderFn([resolve_path(s) for s in data.eval_prompts], models.tokenizer, data.max_prompt_length, loop.eval_batch_size, train=False) if data.eval_prompts and i == 0 else None,
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         seed=cfg.run.seed + i, call_timeout_s=cfg.ray.call_timeout_s, **generate_kwargs(cfg.generation),

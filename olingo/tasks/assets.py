@@ -70,6 +70,7 @@ def prepare_assets(
     n_pref_eval: int = 400,
     hidden_size: int = 64,
     num_layers: int = 2,
+    num_heads: int = 2,
 ) -> TaskAssets:
     """Write the tiny model and the task's data under `root`, skipping what is already there.
 
@@ -87,6 +88,7 @@ def prepare_assets(
         "n_pref_eval": n_pref_eval,
         "hidden_size": hidden_size,
         "num_layers": num_layers,
+        "num_heads": num_heads,
     }
     _check_or_write_manifest(root / MANIFEST, manifest)
     assets = TaskAssets.under(root)
@@ -104,7 +106,7 @@ def prepare_assets(
             _write_jsonl_atomic(path, make_rows())
     if not assets.model_dir.exists():
         _write_model_atomic(
-            assets.model_dir, seed=seed, hidden_size=hidden_size, num_layers=num_layers
+            assets.model_dir, seed=seed, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads
         )
     return assets
 
@@ -136,7 +138,7 @@ def _write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _write_model_atomic(model_dir: Path, *, seed: int, hidden_size: int, num_layers: int) -> None:
+def _write_model_atomic(model_dir: Path, *, seed: int, hidden_size: int, num_layers: int, num_heads: int) -> None:
     """Build and save the tokenizer and model in a temporary directory, then rename it.
 
     A directory cannot be renamed over a non-empty one, so when a concurrent writer got
@@ -146,7 +148,7 @@ def _write_model_atomic(model_dir: Path, *, seed: int, hidden_size: int, num_lay
     try:
         tokenizer = build_char_tokenizer()
         model = build_tiny_llama(
-            tokenizer, hidden_size=hidden_size, num_layers=num_layers, seed=seed
+            tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, seed=seed
         )
         save_pretrained_pair(model, tokenizer, tmp)
         try:

@@ -37,7 +37,7 @@ from olingo.booster import Booster, OptimizerWrapper
 from olingo.cluster import DistCoordinator
 from olingo.dataset.sampler import CyclicLoader
 from olingo.engines import GenerationSettings, RolloutEngine
-from olingo.experience_buffer import NaiveExperienceBuffer
+from olingo.experience_buffer import Minibatches, NaiveExperienceBuffer
 from olingo.experience_maker import Experience
 from olingo.experience_maker.group import (
     GroupExperienceConfig,
@@ -51,6 +51,8 @@ from olingo.trainer.grpo_learner import GRPOLearner, GRPOLossConfig
 from olingo.trainer.loop import optimizer_step_groups
 from olingo.trainer.online import OLTrainer
 from olingo.trainer.rl_support import (
+    EngineSync,
+    check_engine_correction,
     held_out_eval,
     load_policy_extras,
     loader_states,
@@ -196,6 +198,9 @@ class GRPOTrainer(OLTrainer):
             actor_booster.unwrap(actor), reward_model, self.initial_model, tokenizer, config=experience_config,
             generation=self.generation, engine=engine, all_reduce_sum=actor_booster.plugin.all_reduce_sum,
         )
+        check_engine_correction(self.experience_maker.engine, loss_config.tis_cap, experience_config.old_logprobs)
+        self.experience_maker.carry_engine_log_probs = loss_config.tis_cap is not None
+        self.engine_sync = EngineSync(self.experience_maker.engine)
         self.train_batch_size, self.accumulation_steps = train_batch_size, accumulation_steps
         self.offload_inference_models = offload_inference_models
         self.accuracy_fn = accuracy_fn
@@ -205,6 +210,7 @@ class GRPOTrainer(OLTrainer):
         self.eval_dataloader: DataLoader | None = None
         self._episode_rollout: list[dict[str, float]] = []
         self._episode_timing = {"make_experience": 0.0, "tokens": 0.0}
+        self._episode_sync: dict[str, float] = {}  # time/weight_sync, perf/weight_sync_GBps of the episode's sync
         self._pending_loader_states: dict[str, Any] = {}
 
     @property
@@ -245,11 +251,14 @@ class GRPOTrainer(OLTrainer):
     def _make_experience(self, collect_step: int) -> Experience:
         if collect_step == 0:
             self._episode_rollout, self._episode_timing = [], {"make_experience": 0.0, "tokens": 0.0}
+            self._episode_sync = {}
         self._place_inference_models(self.device)
+        self._episode_sync.update(self.engine_sync.before_rollout(self.actor_booster.unwrap(self.actor), self.state.step))
         start = time.perf_counter()
         with self.actor_booster.gathered(self.actor):  # ranks generate different lengths; a sharded actor could not follow
             experience, info = self._collect_groups() if self.config.dynamic_sampling else self._sample_once()
             experience = self.experience_maker.finish(experience)
+        self.engine_sync.after_rollout()
         self._episode_timing["make_experience"] += time.perf_counter() - start
         self._episode_timing["tokens"] += info.pop("_tokens")
         self._episode_rollout.append(info)
@@ -294,10 +303,10 @@ class GRPOTrainer(OLTrainer):
             self._place_inference_models("cpu")
         buffer = self.data_buffer
         if self.sample_buffer:
-            minibatches: list[Experience] | DataLoader = [buffer.sample() for _ in range(self.accumulation_steps)]
+            minibatches: list[Experience] | Minibatches = [buffer.sample() for _ in range(self.accumulation_steps)]
         else:  # may hold fewer rollouts than one batch after dynamic sampling: train on what there is
             pin = self.dataloader_pin_memory and torch.cuda.is_available()
-            minibatches = DataLoader(buffer, batch_size=buffer.sample_batch_size, shuffle=True, collate_fn=buffer.collate_fn, pin_memory=pin)
+            minibatches = buffer.minibatches(shuffle=True, pin_memory=pin)
         for _, group in optimizer_step_groups(minibatches, self.accumulation_steps, len(minibatches)):
             start = time.perf_counter()
             stats = self._train_group(group)
@@ -325,7 +334,9 @@ class GRPOTrainer(OLTrainer):
 
     def _rollout_metrics(self) -> dict[str, float]:
         timing = self._episode_timing
-        return episode_rollout_metrics(self._episode_rollout, timing["make_experience"], timing["tokens"], self.actor_booster.plugin, self.device)
+        metrics = episode_rollout_metrics(self._episode_rollout, timing["make_experience"], timing["tokens"], self.actor_booster.plugin, self.device)
+        metrics, self._episode_sync = {**metrics, **self._episode_sync}, {}  # a sync is logged once, with the step after it
+        return metrics
 
     # ---- evaluation -----------------------------------------------------------------------------
     def _evaluate(self) -> dict[str, float] | None:

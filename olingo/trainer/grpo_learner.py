@@ -31,7 +31,7 @@ from olingo.models.functional import (
     masked_mean,
 )
 from olingo.models.loss import GPTLMLoss, GroupPolicyLoss
-from olingo.trainer.learner import TrainedModel
+from olingo.trainer.learner import TrainedModel, tis_weights
 
 # Stats that are shares of the step's loss: summed over micro-batches and ranks, not averaged.
 SUMMED_STATS = ("policy_loss", "kl_loss")
@@ -48,6 +48,7 @@ class GRPOLossConfig(StrictModel):
         "responses (GRPO); seq_mean_token_sum_norm: token sums / max_new_tokens, over responses (Dr. GRPO)",
     )
     ptx_coef: float = Field(0.0, ge=0, le=1, description="weight of the pretraining LM loss (needs data.pretrain); the policy loss gets 1 - ptx_coef")
+    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling for a separate rollout engine (vllm): each token's policy loss x min(pi_old / pi_engine, tis_cap) (null: off; about 2 in Yao et al. 2025)")
 
 
 class GRPOLearner(TrainedModel):
@@ -102,7 +103,8 @@ class GRPOLearner(TrainedModel):
         mask, num_actions = experience.action_mask, experience.num_actions
         logits = policy_logits(self.model, experience.sequences, experience.attention_mask, num_actions, temperature)
         log_probs = log_probs_from_logits(logits, experience.sequences[:, -num_actions:])
-        policy_loss, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask, units, experience.base_action_log_probs)
+        tis = tis_weights(experience, log_probs, self.loss.tis_cap)
+        policy_loss, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask, units, experience.base_action_log_probs, tis)
         world = self.booster.plugin.coordinator.world_size
         loss = policy_loss * world  # data parallelism averages gradients over ranks; the share is of the global step
         ptx_loss = torch.zeros((), device=self.device)

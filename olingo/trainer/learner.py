@@ -1,7 +1,8 @@
 """What every learner shares: one trained model with its booster, optimizer and scheduler.
 
 `TrainedModel` steps, checkpoints and (for data parallelism) suspends gradient sync for one
-model; the PPO and GRPO learners are built from it.
+model; the PPO and GRPO learners are built from it. `tis_weights` is the truncated importance
+sampling both policy losses apply to a separate engine's rollouts.
 """
 
 from __future__ import annotations
@@ -12,12 +13,24 @@ from typing import Any
 import torch
 
 from olingo.booster import Booster, OptimizerWrapper
+from olingo.experience_maker import Experience
+from olingo.models.functional import truncated_is_weights
 from olingo.trainer.checkpoint import load_trained, save_trained
 
 
 def check_boosted(name: str, optim: Any) -> None:
     if not isinstance(optim, OptimizerWrapper):
         raise TypeError(f"{name}: pass the optimizer returned by booster.boost(...), not the raw torch optimizer")
+
+
+def tis_weights(experience: Experience, log_probs: torch.Tensor, cap: float | None) -> torch.Tensor | None:
+    """Truncated importance weights (B, A) of a minibatch, or None when off or the batch carries
+    no engine log-probs. pi_old is the rollout-time trainer forward when the batch has one; else
+    the batch is learnt in one optimizer step and the current policy is pi_old."""
+    if cap is None or experience.engine_log_probs is None:
+        return None
+    old = experience.action_log_probs if experience.action_log_probs is not None else log_probs
+    return truncated_is_weights(old, experience.engine_log_probs, cap, experience.action_mask)
 
 
 class TrainedModel:

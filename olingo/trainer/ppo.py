@@ -34,7 +34,7 @@ from olingo.booster import Booster, OptimizerWrapper
 from olingo.cluster import DistCoordinator
 from olingo.dataset.sampler import CyclicLoader
 from olingo.engines import RolloutEngine
-from olingo.experience_buffer import NaiveExperienceBuffer
+from olingo.experience_buffer import Minibatches, NaiveExperienceBuffer
 from olingo.experience_maker import (
     Experience,
     ExperienceConfig,
@@ -49,6 +49,8 @@ from olingo.trainer.loop import optimizer_step_groups
 from olingo.trainer.online import OLTrainer
 from olingo.trainer.ppo_learner import PPOLearner, PPOLossConfig
 from olingo.trainer.rl_support import (
+    EngineSync,
+    check_engine_correction,
     held_out_eval,
     load_policy_extras,
     loader_states,
@@ -127,6 +129,7 @@ class PPOTrainer(OLTrainer):
         experience_config: ExperienceConfig | None = None,
         reward_shaping: RewardShaping | None = None,
         engine: RolloutEngine | None = None,
+        tis_cap: float | None = None,
         eval_interval: int = 0,
         accuracy_fn: Callable[[str, str, str | None], float] | None = None,
         eval_generate_kwargs: dict[str, Any] | None = None,
@@ -136,7 +139,7 @@ class PPOTrainer(OLTrainer):
             raise ValueError("use_tp=True: tensor parallelism is not available in olingo; use the DDP or FSDP2 plugin")
         if accumulation_steps < 1 or train_batch_size < 1:
             raise ValueError("accumulation_steps and train_batch_size must be >= 1")
-        loss = PPOLossConfig(eps_clip=eps_clip, value_clip=value_clip, vf_coef=vf_coef, ptx_coef=ptx_coef)
+        loss = PPOLossConfig(eps_clip=eps_clip, value_clip=value_clip, vf_coef=vf_coef, ptx_coef=ptx_coef, tis_cap=tis_cap)
         learner = PPOLearner.build(
             actor_booster, critic_booster, actor, critic, actor_optim, critic_optim, actor_lr_scheduler, critic_lr_scheduler,
             loss, apply_loss_mask=apply_loss_mask,
@@ -160,6 +163,9 @@ class PPOTrainer(OLTrainer):
             config=experience_config, shaping=reward_shaping, engine=engine, generation=self.generation,
             all_reduce_sum=actor_booster.plugin.all_reduce_sum,
         )
+        check_engine_correction(self.experience_maker.engine, tis_cap, self.experience_maker.config.old_logprobs)
+        self.experience_maker.carry_engine_log_probs = tis_cap is not None
+        self.engine_sync = EngineSync(self.experience_maker.engine)
         self.train_batch_size, self.accumulation_steps = train_batch_size, accumulation_steps
         self.offload_inference_models = offload_inference_models
         self.accuracy_fn = accuracy_fn
@@ -169,6 +175,7 @@ class PPOTrainer(OLTrainer):
         self.eval_dataloader: DataLoader | None = None
         self._episode_rollout: list[dict[str, float]] = []
         self._episode_timing = {"make_experience": 0.0, "tokens": 0.0}
+        self._episode_sync: dict[str, float] = {}  # time/weight_sync, perf/weight_sync_GBps of the episode's sync
         self._pending_loader_states: dict[str, Any] = {}
 
     @property
@@ -212,7 +219,9 @@ class PPOTrainer(OLTrainer):
     def _make_experience(self, collect_step: int) -> Experience:
         if collect_step == 0:
             self._episode_rollout, self._episode_timing = [], {"make_experience": 0.0, "tokens": 0.0}
+            self._episode_sync = {}
         self._place_inference_models(self.device)
+        self._episode_sync.update(self.engine_sync.before_rollout(self.actor_booster.unwrap(self.actor), self.state.step))
         batch = self.prompts.next()
         start = time.perf_counter()
         # Gathered: each rank's responses stop at their own length, so ranks run different
@@ -221,6 +230,7 @@ class PPOTrainer(OLTrainer):
             experience = self.experience_maker.make_experience(
                 batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=self.state.step, row_fields=batch.get("row_fields"),
             )
+        self.engine_sync.after_rollout()
         self._episode_timing["make_experience"] += time.perf_counter() - start
         self._episode_timing["tokens"] += float(experience.action_mask.sum())
         self._episode_rollout.append(experience.info)
@@ -238,7 +248,7 @@ class PPOTrainer(OLTrainer):
         if update_step == 0:
             self._place_inference_models("cpu")
         if self.sample_buffer:
-            minibatches: list[Experience] | DataLoader = [self.data_buffer.sample() for _ in range(self.accumulation_steps)]
+            minibatches: list[Experience] | Minibatches = [self.data_buffer.sample() for _ in range(self.accumulation_steps)]
         else:
             pin = self.dataloader_pin_memory and torch.cuda.is_available()
             minibatches = self.data_buffer.dataloader(shuffle=True, pin_memory=pin)
@@ -279,7 +289,9 @@ class PPOTrainer(OLTrainer):
 
     def _rollout_metrics(self) -> dict[str, float]:
         timing = self._episode_timing
-        return episode_rollout_metrics(self._episode_rollout, timing["make_experience"], timing["tokens"], self.actor_booster.plugin, self.device)
+        metrics = episode_rollout_metrics(self._episode_rollout, timing["make_experience"], timing["tokens"], self.actor_booster.plugin, self.device)
+        metrics, self._episode_sync = {**metrics, **self._episode_sync}, {}  # a sync is logged once, with the step after it
+        return metrics
 
     # ---- evaluation -----------------------------------------------------------------------------
     def _evaluate(self) -> dict[str, float] | None:

@@ -28,7 +28,7 @@ from olingo.models.functional import (
     masked_mean,
 )
 from olingo.models.loss import GPTLMLoss, PolicyLoss, ValueLoss
-from olingo.trainer.learner import TrainedModel
+from olingo.trainer.learner import TrainedModel, tis_weights
 
 
 class PPOLossConfig(StrictModel):
@@ -38,6 +38,7 @@ class PPOLossConfig(StrictModel):
     value_clip: float = Field(0.2, gt=0, description="value clip around the rollout-time values")
     vf_coef: float = Field(1.0, ge=0, description="value-loss weight")
     ptx_coef: float = Field(0.0, ge=0, le=1, description="weight of the pretraining LM loss (needs data.pretrain); the policy loss gets 1 - ptx_coef")
+    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling for a separate rollout engine (vllm): each token's policy loss x min(pi_old / pi_engine, tis_cap) (null: off; about 2 in Yao et al. 2025)")
 
 
 class PolicyLearner(TrainedModel):
@@ -47,10 +48,10 @@ class PolicyLearner(TrainedModel):
     name = "actor"
 
     def __init__(self, booster: Booster, actor: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any, *,
-                 eps_clip: float = 0.2, ptx_coef: float = 0.0, apply_loss_mask: bool = True) -> None:
+                 eps_clip: float = 0.2, ptx_coef: float = 0.0, apply_loss_mask: bool = True, tis_cap: float | None = None) -> None:
         super().__init__(booster, actor, optim, scheduler)
         self.loss_fn, self.ptx_loss_fn = PolicyLoss(eps_clip), GPTLMLoss()
-        self.ptx_coef, self.apply_loss_mask = ptx_coef, apply_loss_mask
+        self.ptx_coef, self.apply_loss_mask, self.tis_cap = ptx_coef, apply_loss_mask, tis_cap
 
     def losses(self, experience: Experience, temperature: float, ptx_batch: dict[str, Any] | None) -> tuple[torch.Tensor, bool, dict[str, torch.Tensor]]:
         """(actor loss, skip, detached stats) of one minibatch; `temperature` is the one the
@@ -58,7 +59,8 @@ class PolicyLearner(TrainedModel):
         mask, num_actions = experience.action_mask, experience.num_actions
         logits = policy_logits(self.model, experience.sequences, experience.attention_mask, num_actions, temperature)
         log_probs = log_probs_from_logits(logits, experience.sequences[:, -num_actions:])
-        policy_loss, skip, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask)
+        tis = tis_weights(experience, log_probs, self.tis_cap)
+        policy_loss, skip, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask, tis)
         loss, ptx_loss = policy_loss, torch.zeros((), device=self.booster.device)
         if ptx_batch is not None:
             ptx_loss = self.ptx_loss(ptx_batch)
@@ -67,6 +69,7 @@ class PolicyLearner(TrainedModel):
             "policy_loss": policy_loss.detach(), "ptx_loss": ptx_loss.detach(),
             "clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"], "ratio_max": stats["ratio_max"],
             "entropy": masked_mean(entropy_from_logits(logits.detach()), mask),
+            **({"tis_weight_mean": stats["tis_weight_mean"]} if tis is not None else {}),
         }
         return loss, skip, stats
 
@@ -114,7 +117,7 @@ class PPOLearner:
               loss: PPOLossConfig | None = None, *, apply_loss_mask: bool = True) -> PPOLearner:
         """From the pieces `booster.boost` returned; `critic=None` builds no critic learner."""
         loss = loss or PPOLossConfig()
-        policy = PolicyLearner(actor_booster, actor, actor_optim, actor_scheduler, eps_clip=loss.eps_clip, ptx_coef=loss.ptx_coef, apply_loss_mask=apply_loss_mask)
+        policy = PolicyLearner(actor_booster, actor, actor_optim, actor_scheduler, eps_clip=loss.eps_clip, ptx_coef=loss.ptx_coef, apply_loss_mask=apply_loss_mask, tis_cap=loss.tis_cap)
         if critic is None:
             return cls(policy)
         return cls(policy, CriticLearner(critic_booster, critic, critic_optim, critic_scheduler, value_clip=loss.value_clip, vf_coef=loss.vf_coef))

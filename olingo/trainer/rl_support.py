@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from olingo.dataset.sampler import CyclicLoader
+from olingo.engines import sync_engine
 from olingo.trainer.ppo_eval import evaluate_policy
 from olingo.trainer.utils import rng_state, set_rng_state
 
@@ -45,6 +46,7 @@ def held_out_eval(trainer: Any, maker: Any) -> dict[str, float] | None:
     if trainer.eval_dataloader is None:
         return None
     trainer._place_inference_models(trainer.device)
+    trainer.engine_sync.before_rollout(trainer.actor_booster.unwrap(trainer.actor), trainer.state.step)
     plugin = trainer.actor_booster.plugin
 
     def all_reduce_sum(totals: torch.Tensor) -> torch.Tensor:
@@ -52,6 +54,7 @@ def held_out_eval(trainer: Any, maker: Any) -> dict[str, float] | None:
 
     with trainer.actor_booster.gathered(trainer.actor):  # ranks may hold different numbers of eval batches
         metrics, samples = evaluate_policy(maker, trainer.eval_dataloader, trainer.eval_generation, accuracy_fn=trainer.accuracy_fn, all_reduce_sum=all_reduce_sum)
+    trainer.engine_sync.after_rollout()
     if trainer.state.output_dir is not None and trainer.coordinator.is_master:
         out = trainer.state.output_dir / "eval"
         out.mkdir(parents=True, exist_ok=True)
@@ -74,3 +77,53 @@ def load_policy_extras(directory: Path, coordinator: Any) -> dict[str, Any]:
     rng_file = directory / f"rng_rank{coordinator.rank}.pt"
     set_rng_state(torch.load(rng_file if rng_file.exists() else directory / "rng_rank0.pt", weights_only=False))
     return json.loads((directory / "trainer_state.json").read_text())
+
+
+def check_engine_correction(engine: Any, tis_cap: float | None, old_logprobs: str) -> None:
+    """Refuse corrections that have nothing to correct or would count the mismatch twice."""
+    separate = not getattr(engine, "shares_weights", True)
+    if tis_cap is not None and not separate:
+        raise ValueError(
+            f"tis_cap={tis_cap} corrects for a separate rollout engine (vllm) sampling with its own copy of the "
+            "weights; this engine samples with the trained model itself, so there is nothing to correct: unset tis_cap"
+        )
+    if old_logprobs == "engine" and not separate:
+        raise ValueError("old_logprobs='engine' takes log pi_old from a separate rollout engine (vllm); this engine has none: use 'trainer'")
+    if tis_cap is not None and old_logprobs == "engine":
+        raise ValueError(
+            "tis_cap with old_logprobs='engine': the ratio then already divides by the engine's probabilities, and "
+            "truncated importance sampling would correct the same mismatch twice; use old_logprobs='trainer' with tis_cap"
+        )
+
+
+class EngineSync:
+    """Keeps a rollout engine with its own weights (vLLM) generating from the trained policy.
+
+    Before each rollout whose policy changed since the last sync (an optimizer step, or a
+    checkpoint loaded on resume), the policy's weights are streamed into the engine
+    (`sync_engine`: one tensor at a time; LoRA merged out of place). An engine that samples
+    with the trained module itself (`shares_weights`) needs none. With sleep mode the engine
+    frees its accelerator memory between rollouts and wakes before the next.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.separate = not getattr(engine, "shares_weights", True)
+        self.version: int | None = None  # policy step the engine's weights are from
+
+    def before_rollout(self, policy: torch.nn.Module, step: int) -> dict[str, float]:
+        """Wake the engine and sync it when `step` is newer than its weights; the sync's
+        `time/weight_sync` and `perf/weight_sync_GBps` (empty when nothing was sent)."""
+        if not self.separate:
+            return {}
+        self.engine.wake()
+        if self.version == step:
+            return {}
+        sync = sync_engine(self.engine, policy)
+        self.version = step
+        return sync.metrics()
+
+    def after_rollout(self) -> None:
+        """Let the engine free its accelerator memory while the trainer learns (sleep mode)."""
+        if self.separate:
+            self.engine.sleep()
