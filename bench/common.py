@@ -74,10 +74,11 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def write_results(name: str, rows: list[dict], info: dict, markdown: str) -> tuple[Path, Path]:
-    """bench/results/<name>.jsonl (machine line first, then one line per measurement) and .md."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    jsonl, md = RESULTS / f"{name}.jsonl", RESULTS / f"{name}.md"
+def write_results(name: str, rows: list[dict], info: dict, markdown: str, out_dir: Path = RESULTS) -> tuple[Path, Path]:
+    """<out_dir>/<name>.jsonl (machine line first, then one line per measurement) and .md;
+    `out_dir` defaults to bench/results."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jsonl, md = out_dir / f"{name}.jsonl", out_dir / f"{name}.md"
     with jsonl.open("w") as handle:
         handle.write(json.dumps({"machine": info}) + "\n")
         for row in rows:

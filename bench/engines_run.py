@@ -52,6 +52,7 @@ from bench.common import (  # noqa: E402
     run_impl,
     runner_main,
     table,
+    write_results,
 )
 
 WORK = BENCH / ".work"
@@ -442,21 +443,6 @@ def train_markdown(rows: list[dict]) -> str:
                      "KL", "to first row s"], detail))
 
 
-# ---- results -----------------------------------------------------------------------------------------
-def write(out_dir: Path, name: str, rows: list[dict], info: dict, markdown: str) -> tuple[Path, Path]:
-    """<out_dir>/<name>.jsonl (machine line first) and .md, with the header of bench/common.write_results."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    jsonl, md = out_dir / f"{name}.jsonl", out_dir / f"{name}.md"
-    with jsonl.open("w") as handle:
-        handle.write(json.dumps({"machine": info}) + "\n")
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-    versions = ", ".join(f"{k} {v}" for k, v in {**info["versions"], **info.get("extra_versions", {})}.items())
-    md.write_text(f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, {info['os']}; Python {info['python']}; "
-                  f"{versions}. Commit {info['git']}, {info['date']}.\n\n" + markdown)
-    return jsonl, md
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each engine per configuration (ratios per repeat, then medians)")
@@ -493,7 +479,7 @@ def main() -> None:
         train_rows = run_train(args, work)
         rows += train_rows
         parts.append(train_markdown(train_rows))
-    print(write(out_dir, args.name, rows, info, "\n".join(parts)))
+    print(write_results(args.name, rows, info, "\n".join(parts), out_dir))
     print(f"done in {time.time() - start:.0f} s")
 
 

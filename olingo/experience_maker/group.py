@@ -34,7 +34,7 @@ from olingo.experience_maker.advantages import (
     GroupEstimator,
     build_group_estimator,
 )
-from olingo.experience_maker.engine_logprobs import policy_log_probs
+from olingo.experience_maker.engine_logprobs import OldLogProbsSource, policy_log_probs
 from olingo.experience_maker.experience import (
     BufferItem,
     Experience,
@@ -64,7 +64,7 @@ class GroupExperienceConfig(StrictModel):
     overlong_penalty: float = Field(1.0, ge=0, description="the penalty at max_new_tokens (scales DAPO's -1)")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose scores are all equal and sample more prompts until the batch is full")
     max_resample_rounds: int = Field(3, ge=0, description="dynamic sampling: extra prompt batches drawn per collect step at most; then train on what there is")
-    old_logprobs: Literal["trainer", "engine"] = Field("trainer", description="log pi_old in the ratio: the trainer's forward (trainer) or, with a separate engine (vllm), the log-probs it sampled with (engine; see docs/engines.md)")
+    old_logprobs: OldLogProbsSource = Field("trainer", description="log pi_old in the ratio: the trainer's forward (trainer) or, with a separate engine (vllm), the log-probs it sampled with (engine; see docs/engines.md)")
     inference_batch_size: int | None = Field(None, ge=1, description="sequences per generate call (default: the whole rollout batch x G)")
     logits_forward_batch_size: int | None = Field(None, ge=1, description="sequences per forward when scoring old and reference log-probs (default: all at once)")
 
