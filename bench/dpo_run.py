@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bench.common import peak_rss_mb, runner_main
+from bench.common import Marks, peak_rss_mb, runner_main
 from bench.workload import read_jsonl
 
 
@@ -51,18 +51,6 @@ def load_pairs(spec: dict) -> list[dict]:
 def training_order(count: int, seed: int) -> list[int]:
     """The order olingo's ResumableSampler(shuffle=True, seed=seed) draws in epoch 0."""
     return torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-class Marks:
-    """End of each optimizer step: wall clock and process CPU time (user + system, all threads)."""
-
-    def __init__(self) -> None:
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
-
-    def mark(self) -> None:
-        self.wall.append(time.perf_counter())
-        self.cpu.append(time.process_time())
 
 
 # ---- olingo ---------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ is exp(logp - logp.detach()) = 1 and the gradient is that of log pi.
   metrics.jsonl, TensorBoard and rollout samples written to a run directory).
 - `minimal`: the same model calls in a bare loop (`run_minimal`).
 Step times are end to end (end of one step to the end of the next: batch fetch, logging and
-everything between steps included). Phases come from `bench.phases.PhaseClock(scoring=True)`,
+everything between steps included); `cpu_times_s` is the process CPU time (user + system, all
+threads) over the same intervals. Phases come from `bench.phases.PhaseClock(scoring=True)`,
 installed the same way in every implementation (and in TRL's, `trl/grpo_trl.py`).
 """
 
@@ -23,12 +24,11 @@ from __future__ import annotations
 
 import math
 import tempfile
-import time
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from bench.common import peak_rss_mb, runner_main
+from bench.common import Marks, peak_rss_mb, runner_main
 from bench.phases import PhaseClock
 from bench.workload import read_jsonl
 from olingo.tasks.arithmetic import is_correct
@@ -69,14 +69,14 @@ def run_olingo(spec: dict, clock: PhaseClock | None) -> dict:
     actor, optimizer, *_ = booster.boost(actor, optimizer)
     G = spec["num_generations"]
 
-    marks, phases, rewards = [], [], []
+    marks, phases, rewards = Marks(), [], []
 
     class StepClock(Callback):
         """End to end: each step ends at on_episode_end (one episode = one optimizer step here)."""
 
         def on_episode_start(self, episode: int) -> None:
-            if not marks:
-                marks.append(time.perf_counter())
+            if not marks.wall:
+                marks.mark()
                 if clock is not None:
                     clock.take()
 
@@ -84,7 +84,7 @@ def run_olingo(spec: dict, clock: PhaseClock | None) -> dict:
             rewards.append(float(experience.raw_score.float().mean()))
 
         def on_episode_end(self, episode: int) -> None:
-            marks.append(time.perf_counter())
+            marks.mark()
             phases.append(clock.take() if clock is not None else {})
 
     trainer = GRPOTrainer(
@@ -100,7 +100,7 @@ def run_olingo(spec: dict, clock: PhaseClock | None) -> dict:
     loader = booster.plugin.prepare_dataloader(rows, spec["batch_size"], shuffle=False, collate_fn=PromptCollator(tokenizer.pad_token_id), drop_last=True)
     with tempfile.TemporaryDirectory() as run_dir:
         trainer.fit(num_episodes=len(batches), num_collect_steps=1, num_update_steps=1, prompt_dataloader=loader, log_dir=run_dir)
-    return {"step_times_s": [b - a for a, b in zip(marks, marks[1:], strict=False)], "phase_s": phases, "mean_reward": rewards}
+    return {"marks": marks, "phase_s": phases, "mean_reward": rewards}
 
 
 # ---- the minimal GRPO step ----------------------------------------------------------------------
@@ -125,7 +125,8 @@ def run_minimal(spec: dict, clock: PhaseClock | None) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0))))
     gen = GenerationConfig(max_new_tokens=L, do_sample=True, temperature=T, top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0)
     lo, hi = 1 - spec["eps_low"], 1 + spec["eps_high"]
-    marks, phases, rewards = [time.perf_counter()], [], []
+    marks, phases, rewards = Marks(), [], []
+    marks.mark()
     if clock is not None:
         clock.take()
     for batch in prompt_batches(spec):
@@ -146,9 +147,9 @@ def run_minimal(spec: dict, clock: PhaseClock | None) -> dict:
         optim.zero_grad(set_to_none=True)
         sched.step()
         rewards.append(float(r.mean()))
-        marks.append(time.perf_counter())
+        marks.mark()
         phases.append(clock.take() if clock is not None else {})
-    return {"step_times_s": [b - a for a, b in zip(marks, marks[1:], strict=False)], "phase_s": phases, "mean_reward": rewards}
+    return {"marks": marks, "phase_s": phases, "mean_reward": rewards}
 
 
 def run(impl):
@@ -157,8 +158,8 @@ def run(impl):
 
 
 def finish(spec: dict, output: dict) -> dict:
-    warm = spec["warmup_updates"]
-    return {"impl": spec["impl"], "step_times_s": output["step_times_s"][warm:], "phase_s": output["phase_s"][warm:],
+    warm, marks = spec["warmup_updates"], output["marks"]
+    return {"impl": spec["impl"], "step_times_s": marks.intervals(marks.wall)[warm:], "cpu_times_s": marks.intervals(marks.cpu)[warm:], "phase_s": output["phase_s"][warm:],
             "mean_reward": output["mean_reward"], "peak_rss_mb": peak_rss_mb()}
 
 

@@ -9,6 +9,8 @@ advantages, then `ppo_epochs` passes over minibatches of `mini_batch_size`, each
 step (clipped policy loss) and one critic step (clipped value loss), with gradient clipping
 and AdamW. `bare_generate` times only `generate` on the same batch, for tokens/s.
 Phases come from `bench.phases.PhaseClock`, installed the same way for every implementation.
+`update_times_s` is wall time from the start to the end of each update, `cpu_times_s` the process
+CPU time (user + system, all threads) over the same interval.
 """
 
 from __future__ import annotations
@@ -71,16 +73,18 @@ def run_olingo(spec: dict, clock: PhaseClock | None) -> dict:
         boosted.append((booster, model, optimizer, scheduler))
     (actor_booster, actor, actor_optim, actor_sched), (critic_booster, critic, critic_optim, critic_sched) = boosted
 
-    marks, phases = [], []
+    marks, cpu, phases = [], [], []
 
     class UpdateClock(Callback):
         def on_episode_start(self, episode: int) -> None:
             marks.append(time.perf_counter())
+            cpu.append(time.process_time())
             if clock is not None:
                 clock.take()
 
         def on_episode_end(self, episode: int) -> None:
             marks[-1] = time.perf_counter() - marks[-1]
+            cpu[-1] = time.process_time() - cpu[-1]
             phases.append(clock.take() if clock is not None else {})
 
     trainer = PPOTrainer(
@@ -96,7 +100,7 @@ def run_olingo(spec: dict, clock: PhaseClock | None) -> dict:
     loader = actor_booster.plugin.prepare_dataloader(rows, spec["batch_size"], shuffle=False, collate_fn=PromptCollator(tokenizer.pad_token_id), drop_last=True)
     with tempfile.TemporaryDirectory() as run_dir:
         trainer.fit(num_episodes=len(batches), num_collect_steps=1, num_update_steps=spec["ppo_epochs"], prompt_dataloader=loader, log_dir=run_dir)
-    return {"update_times_s": marks, "phase_s": phases}
+    return {"update_times_s": marks, "cpu_times_s": cpu, "phase_s": phases}
 
 
 # ---- the minimal PPO iteration ----------------------------------------------------------------
@@ -133,9 +137,9 @@ def run_minimal(spec: dict, clock: PhaseClock | None) -> dict:
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0)))) for o in optims]
     gen = GenerationConfig(max_new_tokens=spec["response_length"], do_sample=True, temperature=spec["temperature"], top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0)
     R, eps, vclip = spec["response_length"], spec["cliprange"], spec["cliprange_value"]
-    marks, phases = [], []
+    marks, cpu, phases = [], [], []
     for prompts in prompt_batches(spec):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         if clock is not None:
             clock.take()
         with torch.no_grad():
@@ -166,21 +170,23 @@ def run_minimal(spec: dict, clock: PhaseClock | None) -> dict:
                     optim.zero_grad(set_to_none=True)
                     sched.step()
         marks.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - cpu_start)
         phases.append(clock.take() if clock is not None else {})
-    return {"update_times_s": marks, "phase_s": phases}
+    return {"update_times_s": marks, "cpu_times_s": cpu, "phase_s": phases}
 
 
 def run_bare_generate(spec: dict, clock: PhaseClock | None) -> dict:
     """`generate` alone on the same batches and settings: the ceiling for generation tokens/s."""
     actor = AutoModelForCausalLM.from_pretrained(spec["policy_dir"]).eval()
     gen = GenerationConfig(max_new_tokens=spec["response_length"], do_sample=True, temperature=spec["temperature"], top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0)
-    marks = []
+    marks, cpu = [], []
     for prompts in prompt_batches(spec):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         with torch.no_grad():
             actor.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), generation_config=gen)
         marks.append(time.perf_counter() - start)
-    return {"update_times_s": marks, "phase_s": [{"generation": m} for m in marks]}
+        cpu.append(time.process_time() - cpu_start)
+    return {"update_times_s": marks, "cpu_times_s": cpu, "phase_s": [{"generation": m} for m in marks]}
 
 
 def run(impl):
@@ -190,7 +196,8 @@ def run(impl):
 
 def finish(spec: dict, output: dict) -> dict:
     warm = spec["warmup_updates"]
-    return {"impl": spec["impl"], "update_times_s": output["update_times_s"][warm:], "phase_s": output["phase_s"][warm:], "peak_rss_mb": peak_rss_mb()}
+    return {"impl": spec["impl"], "update_times_s": output["update_times_s"][warm:], "cpu_times_s": output["cpu_times_s"][warm:],
+            "phase_s": output["phase_s"][warm:], "peak_rss_mb": peak_rss_mb()}
 
 
 if __name__ == "__main__":

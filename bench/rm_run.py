@@ -7,20 +7,20 @@ pairs (no shuffling, chosen and rejected rows concatenated into one forward of 2
 loss -log sigmoid(r_c - r_r), AdamW (no decay on 1-D tensors), cosine-with-floor schedule
 after warmup, and gradient clipping. A step's time is the wall time between the ends of two
 consecutive optimizer steps: it includes fetching the batch and everything the loop does
-(olingo's metrics rows and TensorBoard included).
+(olingo's metrics rows and TensorBoard included); `cpu_times_s` is the process CPU time (user +
+system, all threads) over the same intervals.
 """
 
 from __future__ import annotations
 
 import tempfile
-import time
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from bench.common import peak_rss_mb, runner_main
+from bench.common import Marks, peak_rss_mb, runner_main
 from bench.workload import read_jsonl
 
 
@@ -42,19 +42,19 @@ def total_steps(spec: dict) -> int:
     return spec["warmup_steps"] + spec["steps"]
 
 
-def run_olingo(spec: dict) -> tuple[list[float], float]:
+def run_olingo(spec: dict) -> tuple[Marks, float]:
     from olingo.booster import Booster, SingleProcessPlugin
     from olingo.models import RewardModel
     from olingo.recipes.common import OptimizerConfig, optimizer_and_schedule
     from olingo.trainer.callbacks import Callback
     from olingo.trainer.rm import RewardModelTrainer
 
-    ends: list[float] = []
+    ends = Marks()
     losses: list[float] = []
 
     class StepClock(Callback):
         def on_step_end(self, state, step_idx, batch, metrics) -> None:
-            ends.append(time.perf_counter())
+            ends.mark()
             losses.append(metrics["train/loss"])
 
     model = RewardModel.from_pretrained(spec["model_dir"])
@@ -73,7 +73,7 @@ def run_olingo(spec: dict) -> tuple[list[float], float]:
     return ends, losses[-1]
 
 
-def run_minimal(spec: dict) -> tuple[list[float], float]:
+def run_minimal(spec: dict) -> tuple[Marks, float]:
     """The smallest loop doing the same work: forward, loss, backward, clip, step, schedule."""
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
@@ -87,7 +87,7 @@ def run_minimal(spec: dict) -> tuple[list[float], float]:
     rows = pair_tensors(spec["data"])[: steps * spec["batch_size"]]
     loader = DataLoader(rows, batch_size=spec["batch_size"], shuffle=False, collate_fn=collate)
     model.train()
-    ends = []
+    ends = Marks()
     for batch in loader:
         input_ids = torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]])
         mask = torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
@@ -98,14 +98,14 @@ def run_minimal(spec: dict) -> tuple[list[float], float]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        ends.append(time.perf_counter())
+        ends.mark()
     return ends, float(loss)
 
 
-def finish(spec: dict, output: tuple[list[float], float]) -> dict:
+def finish(spec: dict, output: tuple[Marks, float]) -> dict:
     ends, final_loss = output
-    times = [b - a for a, b in zip(ends, ends[1:], strict=False)][spec["warmup_steps"] - 1 :]
-    return {"impl": spec["impl"], "step_times_s": times, "peak_rss_mb": peak_rss_mb(), "final_loss": final_loss}
+    wall, cpu = (ends.intervals(series)[spec["warmup_steps"] - 1 :] for series in (ends.wall, ends.cpu))
+    return {"impl": spec["impl"], "step_times_s": wall, "cpu_times_s": cpu, "peak_rss_mb": peak_rss_mb(), "final_loss": final_loss}
 
 
 if __name__ == "__main__":

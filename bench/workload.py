@@ -13,6 +13,12 @@ the same token ids from these files, so they do exactly the same work:
   prompt of one length and two responses of one length, each ending with the eos token.
 Token ids are drawn uniformly from the non-special tokens with a fixed seed. The chosen row
 differs from the rejected one by a learnable rule (it has more digits), so losses fall.
+
+The real model (`build_real_models`, size "smollm2"): SmolLM2-135M-Instruct's weights (olingo's
+conversion of the packaged GGUF, `builtin:smollm2`) as `smollm2/{policy,reward,value}/`, and data
+in its BPE tokenizer: word sequences (`write_word_pairs`, `write_word_dpo_pairs`: every word one
+token, so decoding and re-tokenizing gives back the ids, as TRL's DPOTrainer needs) and arithmetic
+questions as text (`write_text_arithmetic_prompts`), each file of one length throughout.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 from pathlib import Path
 
 import torch
-from transformers import LlamaForSequenceClassification
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForSequenceClassification
 
 from olingo.tasks.tiny_model import build_tiny_llama, save_pretrained_pair
 from olingo.tasks.tokenizer import build_char_tokenizer
@@ -131,4 +138,110 @@ def write_arithmetic_prompts(root: Path, rows: int, seed: int = 0) -> str:
         for a, op, b in problems[:rows]:
             text = f"{a}{op}{b}="
             handle.write(json.dumps({"prompt": text, "input_ids": tokenizer(text)["input_ids"], "gt_answer": str(a + b if op == "+" else a - b)}) + "\n")
+    return str(path)
+
+
+# ---- the real model ---------------------------------------------------------------------------
+REAL_SOURCE = "builtin:smollm2"
+REAL_PAD = "<|endoftext|>"
+
+
+def build_real_models(root: Path, source: str = REAL_SOURCE) -> dict[str, str]:
+    """policy/, reward/ and value/ under root/smollm2 from SmolLM2-135M-Instruct (built once).
+
+    The policy is the converted causal LM with two changes every implementation sees alike: the
+    pad token is <|endoftext|> (the shipped pad is the eos <|im_end|>, which TRL's PPO reads as the
+    end of a response and a sequence-classification head skips when it looks for the last token),
+    and generation_config names no eos, so every response runs to its full length as in the tiny
+    workloads. reward/ and value/ are LlamaForSequenceClassification: the same body, a fresh
+    1-output head (seeds 1 and 2)."""
+    from olingo.recipes.common import resolve_model_path
+
+    out = root / "smollm2"
+    paths = {name: str(out / name) for name in ("policy", "reward", "value")}
+    if (out / "value" / "config.json").exists():
+        return paths
+    src = resolve_model_path(source)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    tokenizer.pad_token = REAL_PAD
+    policy = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    policy.config.pad_token_id = policy.generation_config.pad_token_id = tokenizer.pad_token_id
+    policy.generation_config.eos_token_id = None
+    save_pretrained_pair(policy, tokenizer, paths["policy"])
+    for seed, name in ((1, "reward"), (2, "value")):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForSequenceClassification.from_pretrained(src, num_labels=1, dtype=torch.float32)
+        model.config.pad_token_id = tokenizer.pad_token_id
+        save_pretrained_pair(model, tokenizer, paths[name])
+    return paths
+
+
+def single_token_words(tokenizer_dir: str) -> list[int]:
+    """Ids of the tokens that are a space and 3-10 lowercase letters and that the tokenizer gives
+    back for that text alone: a sequence of them decodes and re-tokenizes to the same ids."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    word = re.compile(r" [a-z]{3,10}")
+    ids = []
+    for i in range(len(tokenizer)):
+        text = tokenizer.decode([i])
+        if word.fullmatch(text) and tokenizer(text, add_special_tokens=False)["input_ids"] == [i]:
+            ids.append(i)
+    return ids
+
+
+def write_word_pairs(root: Path, tokenizer_dir: str, length: int, rows: int, seed: int = 0) -> str:
+    """`rows` preference pairs of `length` word tokens each; half of a chosen row's words come from
+    the first tenth of the word list, so a reward model can learn to prefer it."""
+    path = root / f"words_pairs_L{length}_n{rows}.jsonl"
+    if path.exists():
+        return str(path)
+    words = single_token_words(tokenizer_dir)
+    good = words[: len(words) // 10]
+    rng = random.Random(seed)
+    with path.open("w") as handle:
+        for _ in range(rows):
+            chosen = [rng.choice(good) if rng.random() < 0.5 else rng.choice(words) for _ in range(length)]
+            rejected = [rng.choice(words) for _ in range(length)]
+            handle.write(json.dumps({"chosen_input_ids": chosen, "rejected_input_ids": rejected}) + "\n")
+    return str(path)
+
+
+def write_word_dpo_pairs(root: Path, tokenizer_dir: str, prompt_length: int, response_length: int, rows: int, seed: int = 0) -> str:
+    """DPO pairs in word tokens, as `write_dpo_pairs`: a prompt of `prompt_length` words, two
+    responses of `response_length` tokens each ending with the eos; chosen ones rich in the first
+    tenth of the word list."""
+    path = root / f"words_dpo_P{prompt_length}_R{response_length}_n{rows}.jsonl"
+    if path.exists():
+        return str(path)
+    words = single_token_words(tokenizer_dir)
+    good = words[: len(words) // 10]
+    eos = AutoTokenizer.from_pretrained(tokenizer_dir).eos_token_id
+    body = response_length - 1
+    rng = random.Random(seed)
+    with path.open("w") as handle:
+        for _ in range(rows):
+            prompt = [rng.choice(words) for _ in range(prompt_length)]
+            chosen = [rng.choice(good) if rng.random() < 0.5 else rng.choice(words) for _ in range(body)] + [eos]
+            rejected = [rng.choice(words) for _ in range(body)] + [eos]
+            handle.write(json.dumps({"prompt_ids": prompt, "chosen_ids": chosen, "rejected_ids": rejected}) + "\n")
+    return str(path)
+
+
+def write_text_arithmetic_prompts(root: Path, tokenizer_dir: str, rows: int, seed: int = 0) -> str:
+    """`rows` questions "Q: What is ab+cd?\\nA:" (or a-b) in the real tokenizer, {prompt, input_ids,
+    gt_answer}; its digits are single tokens, so every prompt has the same length (checked)."""
+    path = root / f"text_arith_n{rows}.jsonl"
+    if path.exists():
+        return str(path)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    problems = [(a, op, b) for a in range(10, 100) for b in range(10, 100) for op in "+-" if op == "+" or a >= b]
+    random.Random(seed).shuffle(problems)
+    lines = []
+    for a, op, b in problems[:rows]:
+        text = f"Q: What is {a}{op}{b}?\nA:"
+        lines.append({"prompt": text, "input_ids": tokenizer(text)["input_ids"], "gt_answer": str(a + b if op == "+" else a - b)})
+    if len({len(row["input_ids"]) for row in lines}) != 1:
+        raise RuntimeError(f"{tokenizer_dir}: the arithmetic prompts do not all tokenize to one length")
+    path.write_text("".join(json.dumps(row) + "\n" for row in lines))
     return str(path)

@@ -2,17 +2,25 @@
 
 Per trained model (SFT's model, the reward model, PPO's actor and critic):
 
-    weights      P x bytes(param dtype); fsdp: / world size
-    gradients    T x bytes(param dtype)                  T = trainable parameters (LoRA: adapters + heads)
-    optimizer    AdamW m and v: 2 x T x bytes(param dtype) (torch keeps them in the parameter's dtype);
-                 under fsdp mixed precision the sharded parameters are the fp32 master copy
-    activations  tokens x per-token bytes (below), one micro-batch; never divided by world size
+    weights         P x bytes(param dtype); fsdp: / world size
+    gradients       T x bytes(param dtype)                  T = trainable parameters (LoRA: adapters + heads)
+    optimizer       AdamW m and v: 2 x T x bytes(param dtype) (torch keeps them in the parameter's dtype);
+                    under fsdp mixed precision the sharded parameters are the fp32 master copy
+    optimizer step  AdamW's temporaries: T x bytes with foreach (CUDA), 2 x the largest tensor per tensor (CPU)
+    activations     tokens x per-token bytes (below), one micro-batch; never divided by world size
 
-Frozen models (PPO's reference and reward model) count their weights only, replicated on every
-rank; PPO also counts the KV cache of generation, layers x 2 x kv_heads x head_dim x (prompt +
-response) x rollout batch x bytes. PPO generates and learns at different times: its peak is the
-trained models' weights and optimizer states plus the larger of (frozen weights + KV cache) and
-(gradients + activations of the larger of actor and critic, + frozen weights unless parked on the CPU).
+Backward frees each layer's activations as it makes that layer's gradients, so learning holds the
+weights and AdamW state plus the larger of (activations + the gradients made first: the output
+head's, a causal LM's tied embedding) and (all gradients + what outlives backward: the optimizer
+step's temporaries, GRPO's logits kept for the entropy).
+
+Frozen models (the reference, the reward model) count their weights only, replicated on every
+rank; PPO and GRPO also count the KV cache of generation, layers x 2 x kv_heads x head_dim x
+(prompt + response) x sequences x bytes, and the scoring forward of the rollouts (logits, one
+layer). They generate, score and learn at different times: the peak is the trained models'
+weights and optimizer states plus the larger of (frozen weights + the larger of KV cache and
+scoring) and (learning, + frozen weights unless parked on the CPU, which frees device memory only
+when the device is a GPU).
 
 Activations follow the counting method of Korthikanti et al. 2022, "Reducing Activation
 Recomputation in Large Transformer Models", section 4.1: the bytes of every tensor autograd keeps
@@ -23,7 +31,7 @@ count, taken with `torch.autograd.graph.saved_tensors_hooks`, is per token and l
     (8h + 4i + 2kv + r n) x act_bytes + (heads + 2) x 4
     h hidden, i MLP width, kv = kv_heads x head_dim, n LoRA-adapted linear layers of rank r
 
-plus, once per token, 3h x act_bytes (final norm) and 4V (fp32 log-softmax over the vocabulary;
+plus, once per token, 3h x act_bytes (final norm) and 4V (the fp32 logits the log-softmax keeps;
 reward models and critics have no vocabulary head). Gradient checkpointing keeps only each
 layer's input (h) and recomputes one layer at a time during backward. docs/plan.md compares these
 numbers with measured peaks.
@@ -40,9 +48,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from olingo.config import ConfigError, load_config
+from olingo.models.functional import CHUNK_ELEMENTS
 from olingo.models.loading import resolve_dtype
 from olingo.models.reward_model import RewardModel
-from olingo.recipes.common import packaged_config, resolve_path
+from olingo.recipes.common import packaged_config, resolve_model_path
 from olingo.recipes.dpo import DPOConfig, KTOConfig, ORPOConfig
 from olingo.recipes.grpo_config import GRPOConfig
 from olingo.recipes.ppo import PPOConfig
@@ -67,6 +76,8 @@ class ModelShape:
     intermediate: int
     vocab: int
     lora_width: int  # r x LoRA-adapted linear layers per decoder layer (0 without LoRA)
+    head: int = 0  # trainable parameters of the output layer, whose gradients backward makes first (a tied LM head: the embedding)
+    largest: int = 0  # elements of the largest trainable tensor
 
 
 @dataclass(frozen=True)
@@ -91,7 +102,7 @@ def model_shape(path: str, *, reward: bool, lora=None, trust_remote_code: bool =
     `lora`: LoraSettings; when enabled, trainable parameters are the adapters (+ head) peft injects.
     """
     try:
-        config = AutoConfig.from_pretrained(resolve_path(path), trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(resolve_model_path(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise ConfigError(f"plan: cannot read the model config of '{path}': {err}") from None
     with torch.device("meta"):
@@ -111,6 +122,7 @@ def _shape_of(model: torch.nn.Module, config, lora) -> ModelShape:  # noqa: ANN0
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     adapted = sum(1 for name, _ in model.named_parameters() if name.endswith("lora_A.default.weight"))
+    output = getattr(model, "get_output_embeddings", lambda: None)()
     return ModelShape(
         params=sum(p.numel() for p in params),
         trainable=sum(p.numel() for p in params if p.requires_grad),
@@ -121,6 +133,8 @@ def _shape_of(model: torch.nn.Module, config, lora) -> ModelShape:  # noqa: ANN0
         intermediate=getattr(config, "intermediate_size", 4 * config.hidden_size),
         vocab=config.vocab_size,
         lora_width=(lora.r * adapted // layers) if lora is not None and lora.enabled else 0,
+        head=sum(p.numel() for p in output.parameters() if p.requires_grad) if output is not None else 0,
+        largest=max((p.numel() for p in params if p.requires_grad), default=0),
     )
 
 
@@ -134,6 +148,48 @@ def activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, *, lm_head:
     return tokens * (shape.layers * layer + head)
 
 
+def logits_bytes(shape: ModelShape, tokens: int, act_bytes: int) -> float:
+    """The output head's logits over the vocabulary for `tokens` tokens."""
+    return tokens * shape.vocab * act_bytes
+
+
+def scoring_bytes(shape: ModelShape, rows: int, seq: int, act_bytes: int) -> float:
+    """A forward without gradient that scores `rows` rollouts (old, reference log-probs): the
+    logits of every position, and one decoder layer's working set at a time."""
+    layer = (8 * shape.hidden + 4 * shape.intermediate + 2 * shape.kv_dim) * act_bytes
+    return logits_bytes(shape, rows * seq, act_bytes) + rows * seq * layer
+
+
+def entropy_bytes(shape: ModelShape, rows: int, actions: int) -> float:
+    """GRPO and PPO log the policy's entropy from the kept logits, in fp32 chunks of at most
+    CHUNK_ELEMENTS (log p, p and their product alive at once)."""
+    return 3 * 4 * min(rows * actions * shape.vocab, CHUNK_ELEMENTS)
+
+
+def optimizer_step_bytes(shape: ModelShape, prec: Precision, shards: int, offload: bool) -> float:
+    """Temporaries of one AdamW step: torch's foreach implementation (the default on CUDA) takes
+    sqrt(v) of every trainable tensor at once; the per-tensor one (CPU) two tensors of one
+    parameter's size (sqrt(v) and its quotient), the largest's at the peak. None on the device
+    under FSDP's CPU offload (the step runs on the CPU)."""
+    if offload:
+        return 0.0
+    if torch.cuda.is_available():
+        return shape.trainable * prec.param / shards
+    return 2 * shape.largest * prec.param / shards
+
+
+def learning_bytes(shape: ModelShape, prec: Precision, shards: int, offload: bool, acts: float, after: float = 0.0) -> float:
+    """Device bytes beside the weights and AdamW state while one model learns a micro-batch.
+
+    Backward frees each layer's activations as it makes that layer's gradients, so all the
+    activations meet only the gradients made first (the output head's: a causal LM's tied
+    embedding), and all the gradients meet only what outlives backward: the optimizer step's
+    temporaries, or `after` (GRPO's logits kept for the entropy)."""
+    scale = 0.0 if offload else 1.0 / shards
+    grads, first = shape.trainable * prec.param * scale, shape.head * prec.param * scale
+    return max(acts + first, grads + max(optimizer_step_bytes(shape, prec, shards, offload), after))
+
+
 def trained_rows(name: str, shape: ModelShape, prec: Precision, shards: int, offload: bool = False) -> list[Row]:
     """Weights, gradients and AdamW state of one trained model, per device (none of it on the
     device under FSDP's CPU offload)."""
@@ -145,6 +201,9 @@ def trained_rows(name: str, shape: ModelShape, prec: Precision, shards: int, off
         Row(f"{name} weights", shape.params * prec.param * scale, f"{count(shape.params)} params x {prec.param} B{where}"),
         Row(f"{name} gradients", shape.trainable * prec.param * scale, f"{count(shape.trainable)} trainable{lora}"),
         Row(f"{name} optimizer", 2 * shape.trainable * prec.param * scale, "AdamW m and v"),
+        Row(f"{name} optimizer step", optimizer_step_bytes(shape, prec, shards, offload), "AdamW's temporaries: " + (
+            "none on the device" if offload else "sqrt(v) of every trainable tensor (foreach, CUDA)" if torch.cuda.is_available()
+            else "two of the largest trainable tensor (per tensor, CPU)")),
     ]
 
 
@@ -175,28 +234,29 @@ def plan_sft(cfg, world_size: int) -> Plan:  # noqa: ANN001 - SFTConfig
     """One causal LM trained on micro-batches of batch_size x max_length tokens."""
     m = cfg.model
     shape = model_shape(m.path, reward=False, lora=m.lora, trust_remote_code=m.trust_remote_code)
-    prec, shards = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size)
+    prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
     tokens = cfg.train.batch_size * cfg.data.max_length
-    rows = trained_rows("model", shape, prec, shards, cpu_offload(cfg.plugin))
-    rows.append(Row("activations", activation_bytes(shape, tokens, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing),
-                    f"{cfg.train.batch_size} x {cfg.data.max_length} tokens" + (", checkpointed" if m.gradient_checkpointing else "")))
-    return Plan("sft", rows, sum(r.nbytes for r in rows), world_size)
+    trained = trained_rows("model", shape, prec, shards, offload)
+    acts = activation_bytes(shape, tokens, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
+    rows = [*trained, Row("activations", acts, f"{cfg.train.batch_size} x {cfg.data.max_length} tokens" + (", checkpointed" if m.gradient_checkpointing else ""))]
+    return Plan("sft", rows, kept_bytes(trained) + learning_bytes(shape, prec, shards, offload, acts), world_size)
 
 
 def plan_rm(cfg, world_size: int) -> Plan:  # noqa: ANN001 - RMConfig
     """A reward model; chosen and rejected rows go through one forward (2 x batch_size rows)."""
     m = cfg.model
     shape = model_shape(m.path, reward=True, lora=m.lora, trust_remote_code=m.trust_remote_code)
-    prec, shards = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size)
+    prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
     tokens = 2 * cfg.train.batch_size * cfg.data.max_length
-    rows = trained_rows("reward model", shape, prec, shards, cpu_offload(cfg.plugin))
-    rows.append(Row("activations", activation_bytes(shape, tokens, prec.act, lm_head=False, checkpointing=m.gradient_checkpointing),
-                    f"2 x {cfg.train.batch_size} x {cfg.data.max_length} tokens (chosen + rejected)"))
-    return Plan("rm", rows, sum(r.nbytes for r in rows), world_size)
+    trained = trained_rows("reward model", shape, prec, shards, offload)
+    acts = activation_bytes(shape, tokens, prec.act, lm_head=False, checkpointing=m.gradient_checkpointing)
+    rows = [*trained, Row("activations", acts, f"2 x {cfg.train.batch_size} x {cfg.data.max_length} tokens (chosen + rejected)")]
+    return Plan("rm", rows, kept_bytes(trained) + learning_bytes(shape, prec, shards, offload, acts), world_size)
 
 
 def plan_ppo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - PPOConfig
-    """Actor and critic trained, reference and reward model frozen, plus generation's KV cache."""
+    """Actor and critic trained in turn, reference and reward model frozen, plus generation's
+    KV cache and the scoring forwards of the rollout batch."""
     m, algo = cfg.model, cfg.loop
     common = dict(lora=m.lora, trust_remote_code=m.trust_remote_code)
     actor = model_shape(m.actor, reward=False, **common)
@@ -204,39 +264,49 @@ def plan_ppo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - PPOConfig
     prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
     seq = cfg.data.max_prompt_length + cfg.generation.max_new_tokens
     trained = trained_rows("actor", actor, prec, shards, offload) + trained_rows("critic", critic, prec, shards, offload)
-    frozen = frozen_rows(cfg, park=algo.offload_inference_models)
+    park = parks_on_cpu(algo.offload_inference_models)
+    frozen = frozen_rows(cfg, park=park)
     kv = actor.layers * 2 * actor.kv_dim * seq * algo.rollout_batch_size * prec.act
+    scoring = scoring_bytes(actor, algo.rollout_batch_size, seq, prec.act)
     tokens = algo.train_batch_size * seq
     acts = [activation_bytes(s, tokens, prec.act, lm_head=head, checkpointing=m.gradient_checkpointing) for s, head in ((actor, True), (critic, False))]
     rows = [*trained, *frozen, Row("KV cache (generation)", kv, f"{algo.rollout_batch_size} rollouts x {seq} tokens"),
+            Row("scoring forward", scoring, f"{algo.rollout_batch_size} rollouts x {seq} tokens, no gradient: logits, one layer"),
             Row("activations (learning)", max(acts), f"{algo.train_batch_size} x {seq} tokens, actor and critic in turn")]
-    states = sum(r.nbytes for r in trained if not r.component.endswith("gradients"))
-    grads = sum(r.nbytes for r in trained if r.component.endswith("gradients"))
     frozen_bytes = sum(r.nbytes for r in frozen)
-    # Generating needs the frozen models on the device; learning too unless they are parked on the CPU.
-    learning = grads + max(acts) + (0 if algo.offload_inference_models else frozen_bytes)
-    return Plan("ppo", rows, states + max(frozen_bytes + kv, learning), world_size)
+    # Generating and scoring need the frozen models on the device; learning too unless they are parked on the CPU.
+    learning = max(learning_bytes(s, prec, shards, offload, a) for s, a in zip((actor, critic), acts, strict=True)) + (0 if park else frozen_bytes)
+    return Plan("ppo", rows, kept_bytes(trained) + max(frozen_bytes + max(kv, scoring), learning), world_size)
 
 
 def plan_grpo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - GRPOConfig
-    """The policy trained, no critic; the reference only with a KL term; the KV cache of one
-    generate call (rollout_batch_size x G sequences, or inference_batch_size)."""
+    """The policy trained, no critic; the reference only with a KL term (none of its own with
+    LoRA: the policy with adapters disabled); the KV cache of one generate call
+    (rollout_batch_size x G sequences, or inference_batch_size), then the scoring forward of
+    logits_forward_batch_size of them; while learning, the logits kept through backward for the
+    entropy metric."""
     m, algo, exp = cfg.model, cfg.loop, cfg.experience
     actor = model_shape(m.actor, reward=False, lora=m.lora, trust_remote_code=m.trust_remote_code)
     prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
     seq = cfg.data.max_prompt_length + cfg.generation.max_new_tokens
     trained = trained_rows("actor", actor, prec, shards, offload)
-    frozen = frozen_rows(cfg, park=algo.offload_inference_models, reference=exp.kl_coef > 0)
-    per_call = min(exp.inference_batch_size or algo.rollout_batch_size * exp.num_generations, algo.rollout_batch_size * exp.num_generations)
+    park = parks_on_cpu(algo.offload_inference_models)
+    # With LoRA and no model.reference the reference is the actor with its adapters disabled.
+    frozen = frozen_rows(cfg, park=park, reference=exp.kl_coef > 0 and (bool(m.reference) or not m.lora.enabled))
+    rollouts = algo.rollout_batch_size * exp.num_generations
+    per_call, scored = min(exp.inference_batch_size or rollouts, rollouts), min(exp.logits_forward_batch_size or rollouts, rollouts)
     kv = actor.layers * 2 * actor.kv_dim * seq * per_call * prec.act
-    acts = activation_bytes(actor, algo.train_batch_size * seq, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
+    scoring = scoring_bytes(actor, scored, seq, prec.act)
+    tokens = algo.train_batch_size * seq
+    acts = activation_bytes(actor, tokens, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
+    after = logits_bytes(actor, tokens, prec.act) + entropy_bytes(actor, algo.train_batch_size, cfg.generation.max_new_tokens)
     rows = [*trained, *frozen, Row("KV cache (generation)", kv, f"{per_call} rollouts per generate call x {seq} tokens"),
-            Row("activations (learning)", acts, f"{algo.train_batch_size} x {seq} tokens")]
-    states = sum(r.nbytes for r in trained if not r.component.endswith("gradients"))
-    grads = sum(r.nbytes for r in trained if r.component.endswith("gradients"))
+            Row("scoring forward", scoring, f"{scored} rollouts per forward x {seq} tokens, no gradient: logits, one layer"),
+            Row("activations (learning)", acts, f"{algo.train_batch_size} x {seq} tokens" + (", checkpointed" if m.gradient_checkpointing else "")),
+            Row("logits + entropy", after, "kept after backward for the entropy metric")]
     frozen_bytes = sum(r.nbytes for r in frozen)
-    learning = grads + acts + (0 if algo.offload_inference_models else frozen_bytes)
-    return Plan("grpo", rows, states + max(frozen_bytes + kv, learning), world_size)
+    learning = learning_bytes(actor, prec, shards, offload, acts, after) + (0 if park else frozen_bytes)
+    return Plan("grpo", rows, kept_bytes(trained) + max(frozen_bytes + max(kv, scoring), learning), world_size)
 
 
 def plan_offline(cfg, world_size: int) -> Plan:  # noqa: ANN001 - DPOConfig, ORPOConfig or KTOConfig
@@ -246,24 +316,34 @@ def plan_offline(cfg, world_size: int) -> Plan:  # noqa: ANN001 - DPOConfig, ORP
     freed before training, so the peak is the larger of the precompute pass and training."""
     m, kind = cfg.model, type(cfg).__name__.removesuffix("Config").lower()
     policy = model_shape(m.path, reward=False, lora=m.lora, trust_remote_code=m.trust_remote_code)
-    prec, shards = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size)
+    prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
     rows_per_step = cfg.train.batch_size * (1 if kind == "kto" else 2)
     settings = getattr(cfg, kind)
     needs_reference = kind == "kto" or (kind == "dpo" and settings.loss_type != "simpo")
     separate = needs_reference and (m.reference or not m.lora.enabled)
-    trained = trained_rows("policy", policy, prec, shards, cpu_offload(cfg.plugin))
+    trained = trained_rows("policy", policy, prec, shards, offload)
     acts = activation_bytes(policy, rows_per_step * cfg.data.max_length, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
     side = "" if kind == "kto" else " (chosen + rejected)"
     rows = [*trained, Row("activations", acts, f"{rows_per_step} x {cfg.data.max_length} tokens{side}")]
+    # A live reference (or the policy with adapters disabled) scores each batch before the policy's forward.
+    live = needs_reference and not (separate and settings.precompute_ref_log_probs)
+    scoring = scoring_bytes(policy, rows_per_step, cfg.data.max_length, prec.act) if live else 0.0
+    learning = max(learning_bytes(policy, prec, shards, offload, acts), scoring)
     reference = 0
     if separate:
         reference = model_shape(m.reference or m.path, reward=False, trust_remote_code=m.trust_remote_code).params * resolve_dtype(m.dtype).itemsize
         precompute = settings.precompute_ref_log_probs
         rows.append(Row("reference weights", reference, "frozen, replicated" + (", freed after the precompute pass" if precompute else "")))
-    states = sum(r.nbytes for r in trained)
+    states = kept_bytes(trained)
     if separate and settings.precompute_ref_log_probs:
-        return Plan(kind, rows, max(states + acts, states + reference), world_size)
-    return Plan(kind, rows, states + acts + reference, world_size)
+        return Plan(kind, rows, max(states + learning, states + reference), world_size)
+    return Plan(kind, rows, states + learning + reference, world_size)
+
+
+def kept_bytes(trained: list[Row]) -> float:
+    """What stays on the device for the whole run: the trained models' weights and AdamW state
+    (gradients exist only from backward to the optimizer step)."""
+    return sum(r.nbytes for r in trained if not r.component.endswith(("gradients", "optimizer step")))
 
 
 def frozen_rows(cfg, park: bool, reference: bool = True) -> list[Row]:  # noqa: ANN001 - PPOConfig or GRPOConfig
@@ -274,6 +354,12 @@ def frozen_rows(cfg, park: bool, reference: bool = True) -> list[Row]:  # noqa: 
     note = "frozen, replicated" + (", on the CPU while learning" if park else "")
     paths = ([("reference", m.reference or m.actor, False)] if reference else []) + ([("reward model", cfg.reward.model, True)] if cfg.reward.model else [])
     return [Row(f"{name} weights", model_shape(path, reward=reward, trust_remote_code=m.trust_remote_code).params * nbytes, note) for name, path, reward in paths]
+
+
+def parks_on_cpu(offload_inference_models: bool) -> bool:
+    """Whether parking the frozen models on the CPU while learning frees device memory: only
+    when the device is a GPU (on a machine without one the CPU is the device)."""
+    return offload_inference_models and torch.cuda.is_available()
 
 
 def cpu_offload(plugin) -> bool:  # noqa: ANN001 - PluginConfig

@@ -65,18 +65,20 @@ def arithmetic_exact(prompts, completions, gt_answer, **kwargs) -> list[float]:
 
 class StepClock(TrainerCallback):
     """One step = on_step_end to on_step_end (generation happens inside the step's training_step;
-    the batch fetch and the previous step's log fall between, and are counted)."""
+    the batch fetch and the previous step's log fall between, and are counted). `cpu` marks the
+    process CPU time (user + system, all threads) at the same points."""
 
     def __init__(self, clock: PhaseClock | None) -> None:
-        self.clock, self.marks, self.phases, self.seen_tokens = clock, [], [], []
+        self.clock, self.marks, self.cpu, self.phases, self.seen_tokens = clock, [], [], [], []
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.marks = [time.perf_counter()]
+        self.marks, self.cpu = [time.perf_counter()], [time.process_time()]
         if self.clock is not None:
             self.clock.take()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.marks.append(time.perf_counter())
+        self.cpu.append(time.process_time())
         self.phases.append(self.clock.take() if self.clock is not None else {})
         self.seen_tokens.append(int(state.num_input_tokens_seen))
 
@@ -163,6 +165,7 @@ def run(spec: dict) -> dict:
         shutil.rmtree(args.output_dir, ignore_errors=True)  # nothing is saved there
 
     steps = [b - a for a, b in zip(timer.marks, timer.marks[1:], strict=False)]
+    cpu = [b - a for a, b in zip(timer.cpu, timer.cpu[1:], strict=False)]
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     tokens = [b - a for a, b in zip([0, *timer.seen_tokens], timer.seen_tokens, strict=False)]
     settings = {
@@ -178,13 +181,13 @@ def run(spec: dict) -> dict:
         "torch_threads": torch.get_num_threads(),
     }
     # prompt + completion tokens per step: B*G*(P+L) means every completion had exactly L tokens
-    expected = B * G * (len(prompts[0]["prompt"]) + L)
+    expected = B * G * (len(tokenizer(prompts[0]["prompt"])["input_ids"]) + L)
     if any(t != expected for t in tokens):
         raise RuntimeError(f"completions were not all {L} tokens long: tokens per step {tokens}, expected {expected}")
     return {
         "impl": "trl-fp32" if mode == "fp32" else "trl-defaults",
         "trl_version": trl.__version__, "transformers_version": transformers.__version__, "torch_version": torch.__version__,
-        "step_times_s": steps[warmup:], "warmup_step_times_s": steps[:warmup], "phase_s": timer.phases[warmup:],
+        "step_times_s": steps[warmup:], "cpu_times_s": cpu[warmup:], "warmup_step_times_s": steps[:warmup], "phase_s": timer.phases[warmup:],
         "mean_reward": rewards, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "settings": settings,
     }
 

@@ -56,8 +56,10 @@ class Timing:
         self.learn_first: dict[int, float] = {}
         self.learn_last: dict[int, float] = {}
         self.boundaries: list[float] = []  # end of update k at boundaries[k + 1]
+        self.cpu_boundaries: list[float] = []  # process CPU time (user + system) at the same points
         self.after_step_end = False
         self.step_end_time = 0.0
+        self.step_end_cpu = 0.0
         self.in_generation = False
         self.in_learning_forward = False
         self.gen_lengths: list[int] = []
@@ -68,8 +70,9 @@ class Timing:
     def add(self, phase: str, dt: float) -> None:
         self.acc[phase][self.idx] += dt
 
-    def close_update(self, t: float) -> None:
+    def close_update(self, t: float, cpu: float) -> None:
         self.boundaries.append(t)
+        self.cpu_boundaries.append(cpu)
         self.idx += 1
         self.after_step_end = False
 
@@ -82,15 +85,15 @@ class UpdateTimer(TrainerCallback):
     at the end of the gc.collect() that follows it (see ``timed_gc``), or at on_train_end."""
 
     def on_train_begin(self, args, state, control, **kwargs):
-        T.boundaries = [time.perf_counter()]
+        T.boundaries, T.cpu_boundaries = [time.perf_counter()], [time.process_time()]
 
     def on_step_end(self, args, state, control, **kwargs):
-        T.step_end_time = time.perf_counter()
+        T.step_end_time, T.step_end_cpu = time.perf_counter(), time.process_time()
         T.after_step_end = True
 
     def on_train_end(self, args, state, control, **kwargs):
         if T.after_step_end:
-            T.close_update(T.step_end_time)
+            T.close_update(T.step_end_time, T.step_end_cpu)
 
 
 _real_gc_collect = gc.collect
@@ -102,7 +105,7 @@ def timed_gc(*args, **kwargs):
     t1 = time.perf_counter()
     T.add("gc", t1 - t0)
     if T.after_step_end:  # the gc.collect() right after on_step_end ends the update
-        T.close_update(t1)
+        T.close_update(t1, time.process_time())
     return out
 
 
@@ -197,6 +200,8 @@ def run(spec: dict) -> dict:
     warmup, updates = int(spec["warmup_updates"]), int(spec["updates"])
     total = warmup + updates
     seed = int(spec["seed"])
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
 
     tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"])
     if tokenizer.pad_token_id is None:
@@ -289,6 +294,7 @@ def run(spec: dict) -> dict:
 
     n = len(T.boundaries) - 1
     update_times = [T.boundaries[k + 1] - T.boundaries[k] for k in range(n)]
+    cpu_times = [T.cpu_boundaries[k + 1] - T.cpu_boundaries[k] for k in range(n)]
     phase = {p: [T.acc[p][k] for k in range(n)] for p in PHASES}
     phase["learning"] = [T.learn_last.get(k, 0.0) - T.learn_first.get(k, 0.0) for k in range(n)]
     phase["policy_forward"] = [0.0] * n  # TRL reuses the generation scores for the rollout log-probs
@@ -343,6 +349,7 @@ def run(spec: dict) -> dict:
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "update_times_s": update_times[warmup:],
+        "cpu_times_s": cpu_times[warmup:],
         "warmup_update_times_s": update_times[:warmup],
         "phase_s": {p: v[warmup:] for p, v in phase.items()},
         "gc_s": phase["gc"][warmup:],

@@ -38,24 +38,27 @@ class StepTimer(TrainerCallback):
     """Wall time of each optimizer step: on_step_begin -> on_step_end (perf_counter).
 
     ``periods`` is on_step_end -> next on_step_end: the whole loop iteration, which also holds
-    fetching/collating the batch and Trainer's logging between steps.
+    fetching/collating the batch and Trainer's logging between steps; ``cpu_periods`` is the
+    process CPU time (user + system, all threads) over the same intervals.
     """
 
     def __init__(self) -> None:
         self.steps: list[float] = []
         self.periods: list[float] = []
+        self.cpu_periods: list[float] = []
         self._t0 = 0.0
-        self._last_end: float | None = None
+        self._last_end: tuple[float, float] | None = None
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         self.steps.append(t - self._t0)
         if self._last_end is not None:
-            self.periods.append(t - self._last_end)
-        self._last_end = t
+            self.periods.append(t - self._last_end[0])
+            self.cpu_periods.append(cpu - self._last_end[1])
+        self._last_end = (t, cpu)
 
 
 class LossRecordingRewardTrainer(RewardTrainer):
@@ -87,6 +90,8 @@ def run(spec: dict) -> dict:
     B = int(spec["batch_size"])
     warmup, steps = int(spec["warmup_steps"]), int(spec["steps"])
     total = warmup + steps
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
     data = load_pairs(spec["data"])
     need = total * B
     if len(data) < need:
@@ -193,6 +198,7 @@ def run(spec: dict) -> dict:
         "warmup_step_times_s": timer.steps[:warmup],
         # on_step_end -> on_step_end, for timed steps after the first (includes batch fetch + logging)
         "iter_times_s": timer.periods[max(warmup - 1, 0):] if warmup else timer.periods,
+        "iter_cpu_times_s": timer.cpu_periods[max(warmup - 1, 0):] if warmup else timer.cpu_periods,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "final_loss": losses[-1] if losses else math.nan,
         "losses": losses,

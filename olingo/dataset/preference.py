@@ -156,7 +156,8 @@ def tokenize_preference(
 
     Keys: ``chosen_input_ids``, ``chosen_loss_mask``, ``rejected_input_ids``,
     ``rejected_loss_mask``. Each side is the tokenizer's chat template applied to prompt +
-    response; its loss mask (same length, 0/1) is 1 exactly on the response's assistant
+    response, the response ending at its end-of-turn token (``split_prompt_response``), as
+    a rollout does; its loss mask (same length, 0/1) is 1 exactly on the response's assistant
     turns (content and end-of-turn token) and 0 on the prompt and on any other turn. A side
     longer than ``max_length`` loses tokens from its start (the prompt's beginning), ids and
     mask alike; a response that alone exceeds ``max_length`` cannot fit and raises DataError

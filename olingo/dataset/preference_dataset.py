@@ -8,6 +8,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from olingo.dataset.chat_tokens import require_chat_template
 from olingo.dataset.errors import DataError
 from olingo.dataset.loading import iter_rows_or_errors
 from olingo.dataset.preference import parse_preference_row, tokenize_preference
@@ -73,7 +74,8 @@ def tokenize_sources(
     kind: str,
 ) -> tuple[list[dict[str, list[int]]], int]:
     """Run ``make_item(source, row, raw)`` on every row of every source; the shared
-    validate-everything-first loop of the preference and SFT datasets."""
+    validate-everything-first loop of the preference, SFT and prompt datasets. A tokenizer
+    without a chat template is refused (`ChatTemplateError`) before any data is read."""
     source_list = [sources] if isinstance(sources, str) else list(sources)
     _check_arguments(source_list, tokenizer, max_length)
     items: list[dict[str, list[int]]] = []
@@ -97,11 +99,7 @@ def _check_arguments(sources: list[str], tokenizer: Any, max_length: int) -> Non
         raise ValueError("build_preference_dataset needs at least one source")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(
-            "the tokenizer has no chat template (tokenizer.chat_template is None); data "
-            "rows are rendered with it, so set one before building the dataset"
-        )
+    require_chat_template(tokenizer)
 
 
 def _tokenize_source(

@@ -6,6 +6,9 @@ Accepted rows:
     {"messages": [{"role", "content"}, ...], "gt_answer": str?}     (a trailing assistant turn is dropped)
     {"messages": [{"from", "content"}, ...]}                           (ColossalChat)
 `gt_answer` may also be spelled `answer`; numbers are accepted and turned into strings.
+Every prompt ends with the chat template's generation prompt (ChatML: `<|im_start|>assistant` and a newline)
+and holds what the template adds in front (a default system prompt), exactly the tokens an SFT
+or preference row's response is conditioned on for the same messages.
 Prompts longer than max_length keep their end (the question and the generation prompt).
 Every other field of a row (e.g. `{"prompt": ..., "tests": [...], "difficulty": 3}`) travels
 with the item, untouched, and comes out of `PromptCollator` as `batch["row_fields"]`, one list

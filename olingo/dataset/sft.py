@@ -7,8 +7,11 @@ Accepted rows:
 
 The mask comes from the tokenizer's own chat template: for each assistant turn, the tokens
 between "conversation so far + generation prompt" and "conversation through this turn" are that
-turn's tokens (its content and its end-of-turn token), so any template that renders prefixes
-consistently works, with or without `{% generation %}` markers. Rows longer than max_length keep
+turn's tokens, cut after its end-of-turn (eos) token: its content and that token, not the
+template's text after it (ChatML's newline after `<|im_end|>`), so the model learns exactly what
+a rollout generates. Any template that renders prefixes consistently works, with or without
+`{% generation %}` markers. A default system prompt the template inserts (SmolLM2's) is part of
+the unmasked prompt, as it is of the prompt a rollout starts from. Rows longer than max_length keep
 their beginning; a row whose assistant tokens are all cut is an error.
 """
 

@@ -43,7 +43,7 @@ from olingo.models.functional import (
     per_token_rewards,
 )
 from olingo.models.rewards import CompositeReward
-from olingo.models.utils import position_ids_from_mask
+from olingo.models.utils import keeps_logits, position_ids_from_mask
 
 logger = logging.getLogger("olingo.experience")
 
@@ -55,7 +55,8 @@ def policy_logits(model: nn.Module, sequences: torch.Tensor, attention_mask: tor
     way `generate` counts them on left-padded prompts, so these logits are the ones sampled from.
     Dividing by `temperature` makes log-probs those of the distribution actually sampled.
     """
-    logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask), use_cache=False).logits
+    keep = {"logits_to_keep": num_actions + 1} if keeps_logits(model) else {}  # the prompt's logits are not needed
+    logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask), use_cache=False, **keep).logits
     logits = logits[:, -num_actions - 1 : -1]
     return logits / temperature if temperature != 1.0 else logits
 

@@ -67,7 +67,13 @@ def explain_load_failure(path: str, err: Exception, what: str = "model") -> Mode
 
 
 def load_tokenizer(path: str, padding_side: str | None = None) -> PreTrainedTokenizerBase:
-    """AutoTokenizer with a pad token guaranteed (eos is reused when the model has none)."""
+    """AutoTokenizer with a pad token guaranteed (eos is reused when the model has none).
+
+    A pad equal to eos is fine for the policy (every batch carries its attention mask); the
+    reward-model recipe swaps it for a token no chat row holds (`use_scoring_pad_token`) so its
+    export scores in transformers as in olingo. The chat template is checked where it is used
+    (`olingo.dataset.chat_tokens.require_chat_template`), with a message saying what to set.
+    """
     check_model_path(path, "tokenizer path")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -75,7 +81,10 @@ def load_tokenizer(path: str, padding_side: str | None = None) -> PreTrainedToke
         raise explain_load_failure(path, err, "tokenizer") from None
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(f"tokenizer at '{path}' has neither a pad nor an eos token")
+            raise ModelLoadError(
+                f"the tokenizer at '{path}' has neither a pad nor an eos token: set pad_token or "
+                "eos_token in its tokenizer_config.json, or set model.tokenizer to another tokenizer"
+            )
         tokenizer.pad_token = tokenizer.eos_token
     if padding_side is not None:
         tokenizer.padding_side = padding_side

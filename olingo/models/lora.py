@@ -177,3 +177,52 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
             layer.enable_adapters(True)
         for p, flag in flags:
             p.requires_grad_(flag)
+
+
+class AdaptersDisabled(nn.Module):
+    """The frozen base of a LoRA model, as a model of its own: the reference policy of a LoRA
+    run (GRPO's KL term) with no second copy of the weights.
+
+    Its forward is `model`'s with every adapter disabled (`adapters_disabled`), in eval mode and
+    without gradient. `model` is deliberately not a submodule: `.to()` (parking inference models
+    on the CPU), `.eval()`, `state_dict()` and checkpoints never reach the trained model, and the
+    view holds no state of its own. `parameters()` yields the base's frozen weights (no adapter),
+    so callers can read its device; the optimizer is given the trained model, never this.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        if not has_lora(model):
+            raise ValueError("AdaptersDisabled: the model has no LoRA adapters to disable")
+        if any(p.requires_grad for name, p in model.named_parameters() if "lora_" not in name):
+            raise ValueError("the base weights of the LoRA model are trainable: with adapters disabled it would not be a frozen reference")
+        self._model = (model,)  # a tuple hides it from nn.Module's registration
+
+    @property
+    def base(self) -> nn.Module:
+        """The LoRA model this view runs."""
+        return self._model[0]
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Iterator[tuple[str, nn.Parameter]]:
+        for name, p in self.base.named_parameters(prefix, recurse, remove_duplicate):
+            if "lora_" not in name:
+                yield name, p
+
+    def requires_grad_(self, requires_grad: bool = True) -> AdaptersDisabled:
+        if requires_grad:
+            raise ValueError("the base of a LoRA model is frozen: its reference view cannot be made trainable")
+        return self
+
+    def extra_repr(self) -> str:
+        return f"base of {type(self.base).__name__} with LoRA adapters disabled"
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        model = self.base
+        modes = [(module, module.training) for module in model.modules()]  # given back module by module
+        model.eval()  # a reference has no dropout
+        try:
+            with torch.no_grad(), adapters_disabled(model):
+                return model(*args, **kwargs)
+        finally:
+            for module, training in modes:
+                module.training = training

@@ -10,19 +10,24 @@ The score of a sequence is the head's output at the last attended token (the las
 attention mask is 1), for left and right padding alike; RM training, evaluation and PPO all read it
 through `RewardModel.forward`. Positions are counted over attended tokens so that padding side does
 not change a score. Hugging Face's own classifier reads the rightmost token that is not the pad
-token: the same position whenever the pad token does not occur inside the text (olingo warns at
-save time when pad == eos, the usual way that can break).
+token: the same position only when no sequence ends with the pad token. Chat rows end with the
+end-of-turn token, often the eos that tokenizers reuse as their pad (SmolLM2: `<|im_end|>`), so
+`use_scoring_pad_token` gives the reward model and its tokenizer a pad token the chat data never
+holds; olingo warns at save time when the pad is still the eos.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
+from jinja2.exceptions import TemplateError
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
+from olingo.dataset.chat_tokens import encode_chat
 from olingo.models.loading import (
     LOAD_ERRORS,
     check_model_path,
@@ -101,10 +106,12 @@ class RewardModel(nn.Module):
     def save_pretrained(self, directory: str | Path, **kwargs) -> None:
         """Write a Hugging Face sequence-classification directory (config + safetensors)."""
         config = self.model.config
-        if config.pad_token_id is not None and config.pad_token_id == getattr(config, "eos_token_id", None):
+        # Only a model scored at its last token is read back that way; a critic reads every position.
+        scores_last_token = type(self).forward is RewardModel.forward
+        if scores_last_token and config.pad_token_id is not None and config.pad_token_id == getattr(config, "eos_token_id", None):
             logger.warning(
                 "pad_token_id == eos_token_id: transformers' classifier will score the token before a "
-                "trailing eos, while olingo scores the eos itself; use a distinct pad token"
+                "trailing eos, while olingo scores the eos itself; use a distinct pad token (use_scoring_pad_token)"
             )
         self.model.save_pretrained(str(directory), **kwargs)
 
@@ -114,3 +121,73 @@ class RewardModel(nn.Module):
 
     def gradient_checkpointing_enable(self, **kwargs) -> None:
         self.model.gradient_checkpointing_enable(**kwargs)
+
+
+def template_token_ids(tokenizer: Any) -> set[int]:
+    """Every token id the chat template writes around empty messages (turn markers, bos, eos,
+    a default system prompt), over a few probe conversations; templates that refuse one (e.g. a
+    system turn) are probed with the others."""
+    user, reply = {"role": "user", "content": ""}, {"role": "assistant", "content": ""}
+    probes = [
+        ([user], True),
+        ([user, reply], False),
+        ([{"role": "system", "content": ""}, user, reply, user, reply], False),
+    ]
+    found: set[int] = set()
+    for messages, generation_prompt in probes:
+        try:
+            found.update(encode_chat(tokenizer, messages, add_generation_prompt=generation_prompt))
+        except TemplateError:
+            continue
+    return found
+
+
+def scoring_pad_token_id(tokenizer: Any, vocab_size: int | None = None) -> int | None:
+    """A pad id that no chat row holds, so that transformers' classifier, which scores the
+    rightmost token that is not the pad, scores where olingo does (the last attended token).
+
+    The rule: the tokenizer's own pad if it is not the eos token and the chat template never
+    writes it; otherwise the first special token (the named ones - unk, pad, bos, ... - then the
+    other special added tokens, by id) that is not eos, not bos, not written by the chat template
+    and, given ``vocab_size``, has an embedding. SmolLM2 (pad = eos = `<|im_end|>`) gets
+    `<|endoftext|>` (id 0). No embedding is added or resized. Returns None when no token
+    qualifies: the pad is then kept, and transformers scores a row that ends with it (pad == eos:
+    every chat row) at the token before; olingo's own scores are unaffected. The only fix then
+    is a new pad token with resized embeddings, before training.
+    """
+    eos, bos, pad = tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id
+    written = template_token_ids(tokenizer)
+
+    def usable(token: int | None) -> bool:
+        in_vocab = vocab_size is None or (token is not None and 0 <= token < vocab_size)
+        return token is not None and token not in (eos, bos) and token not in written and in_vocab
+
+    if usable(pad):
+        return pad
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special_added = sorted(token for token, added_token in added.items() if getattr(added_token, "special", False))
+    for token in [*tokenizer.all_special_ids, *special_added]:
+        if usable(token):
+            return token
+    return None
+
+
+def use_scoring_pad_token(model: RewardModel, tokenizer: Any) -> int:
+    """Give ``model`` (its config) and ``tokenizer`` the pad id of `scoring_pad_token_id`, so a
+    saved reward model and its saved tokenizer score identically in transformers; returns the
+    pad id in use. When no token qualifies, the tokenizer's pad is kept, with a warning."""
+    vocab_size = model.model.get_input_embeddings().num_embeddings
+    token = scoring_pad_token_id(tokenizer, vocab_size)
+    if token is None:
+        logger.warning(
+            "no special token of the tokenizer can pad reward-model rows without occurring in them; "
+            "keeping pad id %s: transformers' AutoModelForSequenceClassification will score rows that "
+            "end with it at the token before (olingo's scores are unaffected)", tokenizer.pad_token_id,
+        )
+        token = tokenizer.pad_token_id
+    elif token != tokenizer.pad_token_id:
+        logger.info("reward model pads with %r (id %d) instead of %r, which chat rows end with",
+                    tokenizer.convert_ids_to_tokens(token), token, tokenizer.pad_token)
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(token)
+    model.model.config.pad_token_id = token
+    return token

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 
@@ -13,6 +16,19 @@ def last_attended_index(attention_mask: torch.Tensor) -> torch.Tensor:
     """
     length = attention_mask.shape[-1]
     return length - 1 - attention_mask.flip(-1).long().argmax(dim=-1)
+
+
+def keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the (possibly DDP-wrapped) model's forward takes `logits_to_keep`: the output
+    head and the softmax over the vocabulary can then skip the positions nobody scores (a
+    real vocabulary of 49k-150k tokens makes them the costliest part of a small model)."""
+    return _forward_takes_logits_to_keep(type(getattr(model, "module", model)))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(model_type: type) -> bool:
+    # Read once per model class: inspecting a signature on every forward is needless work.
+    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

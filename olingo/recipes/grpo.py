@@ -3,7 +3,7 @@
 The recipe, top to bottom (`run_grpo`):
     1. seed, plugin; check the run directory and the checkpoint to resume
     2. load the tokenizer, the policy, the reward and, only when experience.kl_coef > 0, the
-       frozen reference (no critic exists)
+       frozen reference (with LoRA: the policy with its adapters disabled; no critic exists)
     3. load and validate prompts (and pretrain rows for the ptx loss); sharded loaders
     4. optimizer and schedule sized in optimizer steps; boost; the trainer
     5. resume if asked, write the run directory, fit, report held-out metrics
@@ -21,6 +21,7 @@ import torch
 
 from olingo.config import ConfigError
 from olingo.models import load_causal_lm, load_tokenizer
+from olingo.models.lora import AdaptersDisabled
 from olingo.models.rewards import CompositeReward
 from olingo.models.rlvr import get_reward_function
 from olingo.recipes.common import (
@@ -33,7 +34,7 @@ from olingo.recipes.common import (
     enable_gradient_checkpointing,
     open_run,
     optimizer_and_schedule,
-    resolve_path,
+    resolve_model_path,
 )
 from olingo.recipes.grpo_config import GRPOConfig, GRPOLoopConfig
 from olingo.recipes.ppo import PPOData, load_data, resume_and_fit
@@ -48,7 +49,8 @@ from olingo.trainer.grpo import GRPOTrainer, grpo_steps_per_episode
 @dataclass
 class GRPOModels:
     """What `load_models` loads: the tokenizer, the trained policy, the reward and the frozen
-    reference (None when the KL coefficient is 0: it is never loaded)."""
+    reference (None when the KL coefficient is 0: it is never loaded; with LoRA, by default, an
+    `AdaptersDisabled` view of the policy)."""
 
     tokenizer: Any
     actor: torch.nn.Module
@@ -57,15 +59,19 @@ class GRPOModels:
 
 
 def load_models(cfg: GRPOConfig, inference_device: torch.device | str) -> GRPOModels:
-    """Policy (LoRA when asked), reward, and the reference only when the KL term needs it."""
+    """Policy (LoRA when asked), reward, and the reference only when the KL term needs it: with
+    LoRA and no `model.reference`, the policy itself with its adapters disabled."""
     m = cfg.model
     check_model_paths({"model.actor": m.actor, "model.reference": m.reference, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
-    tokenizer = load_tokenizer(resolve_path(m.tokenizer or m.actor), padding_side="left")
+    source = resolve_model_path(m.actor, m.gguf_file)
+    tokenizer = load_tokenizer(resolve_model_path(m.tokenizer) if m.tokenizer else source, padding_side="left")
     load = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
-    actor = m.lora.apply(load_causal_lm(resolve_path(m.actor), **load))
+    actor = m.lora.apply(load_causal_lm(source, **load))
     reference = None
-    if cfg.experience.kl_coef > 0:
-        reference = load_causal_lm(resolve_path(m.reference or m.actor), **load).eval().requires_grad_(False).to(inference_device)
+    if cfg.experience.kl_coef > 0 and m.lora.enabled and not m.reference:
+        reference = AdaptersDisabled(actor)  # the base the adapters start from: no second copy
+    elif cfg.experience.kl_coef > 0:
+        reference = load_causal_lm(resolve_model_path(m.reference) if m.reference else source, **load).eval().requires_grad_(False).to(inference_device)
     reward = load_reward(cfg.reward, tokenizer, m.dtype, m.trust_remote_code)
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(actor)
@@ -97,7 +103,7 @@ def build_trainer(cfg: GRPOConfig, setup: RunSetup, models: GRPOModels, callback
         experience_config=exp, loss_config=cfg.loss, eval_interval=loop.eval_interval,
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
-        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device),
+        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, resolve_model_path(cfg.model.actor, cfg.model.gguf_file), models.tokenizer, setup.plugin.device),
         **generate_kwargs(cfg.generation),
     )
     trainer.show_progress = cfg.logging.progress

@@ -31,13 +31,14 @@ from olingo.trainer.grpo_learner import GRPOLossConfig
 class GRPOModelConfig(StrictModel):
     """The policy and, when the KL term is on, its frozen reference."""
 
-    actor: str = Field("builtin:tiny-llama", description="the policy to train: an SFT model directory or hub id")
-    reference: str | None = Field(None, description="frozen reference model for the KL term (default: actor); not loaded when experience.kl_coef is 0")
+    actor: str = Field("builtin:tiny-llama", description="the policy to train: an SFT model directory, hub id or GGUF file (builtin:smollm2 = SmolLM2-135M-Instruct); other model paths take GGUF files too")
+    reference: str | None = Field(None, description="frozen reference model for the KL term (default: actor; with LoRA: the actor's base with adapters disabled, no second copy); not loaded when experience.kl_coef is 0")
     tokenizer: str | None = Field(None, description="tokenizer directory (default: actor)")
+    gguf_file: str | None = Field(None, description="the GGUF file to load when model.actor is a directory holding several")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward")
-    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters via peft for the actor (lora.r > 0); the reference stays full")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters via peft for the actor (lora.r > 0); the reference (KL term) is then the actor with its adapters disabled unless model.reference is set")
 
 
 class GRPOLoopConfig(PPOLoopConfig):

@@ -32,13 +32,14 @@ from typing import Any
 from olingo.config import ConfigError
 from olingo.errors import require
 from olingo.models import load_causal_lm, load_tokenizer
+from olingo.models.lora import AdaptersDisabled
 from olingo.ray.making import GroupMaking
 from olingo.recipes.common import (
     LoraSettings,
     OptimizerConfig,
     enable_gradient_checkpointing,
     optimizer_and_schedule,
-    resolve_path,
+    resolve_model_path,
 )
 from olingo.recipes.grpo import check_grpo_config
 from olingo.recipes.grpo_config import GRPOConfig
@@ -52,7 +53,9 @@ logger = logging.getLogger("olingo.recipes")
 @dataclass
 class GRPOModelsFn:
     """Builds the actor for the trainer (`reward` None), or (actor, reward, reference or None)
-    for a maker: the reference only when `reference` is set (experience.kl_coef > 0)."""
+    for a maker: the reference only when `reference` is set (experience.kl_coef > 0), or with
+    `reference_is_base` the maker's LoRA actor with its adapters disabled (no second copy; only
+    adapters are synced into a maker, so its base stays the start model)."""
 
     actor: str
     tokenizer: str
@@ -62,6 +65,7 @@ class GRPOModelsFn:
     trust_remote_code: bool = False
     lora: LoraSettings | None = None  # adapters on the actor; then only they are synced
     gradient_checkpointing: bool = False  # the trainer's actor
+    reference_is_base: bool = False  # makers with a KL term, LoRA and no model.reference
 
     def __call__(self) -> Any:
         load = dict(dtype=self.dtype, trust_remote_code=self.trust_remote_code)
@@ -74,6 +78,8 @@ class GRPOModelsFn:
         if isinstance(reward, RewardSource):
             reward = load_reward(reward, load_tokenizer(self.tokenizer), self.dtype, self.trust_remote_code)
         reference = load_causal_lm(self.reference, **load).eval().requires_grad_(False) if self.reference is not None else None
+        if self.reference_is_base:
+            reference = AdaptersDisabled(actor)
         return actor, reward, reference
 
 
@@ -124,11 +130,16 @@ def needs_old_log_probs(cfg: GRPOConfig) -> bool:
 
 def maker_models(cfg: GRPOConfig) -> GRPOModelsFn:
     """A maker's models: the policy, the reward (functions and/or a reward model, as in
-    `load_reward`) and the frozen reference only when the KL term needs it."""
+    `load_reward`) and the frozen reference only when the KL term needs it (with LoRA and no
+    `model.reference`: the maker's actor with its adapters disabled)."""
     m, rc = cfg.model, cfg.reward
-    reward = rc.model_copy(update={"model": resolve_path(rc.model) if rc.model else None})
-    reference = resolve_path(m.reference or m.actor) if cfg.experience.kl_coef > 0 else None
-    return GRPOModelsFn(resolve_path(m.actor), resolve_path(m.tokenizer or m.actor), reward, reference, m.dtype, m.trust_remote_code, m.lora)
+    actor = resolve_model_path(m.actor, m.gguf_file)
+    reward = rc.model_copy(update={"model": resolve_model_path(rc.model) if rc.model else None})
+    kl = cfg.experience.kl_coef > 0
+    base = kl and m.lora.enabled and not m.reference  # the actor with adapters disabled
+    reference = (resolve_model_path(m.reference) if m.reference else actor) if kl and not base else None
+    return GRPOModelsFn(actor, resolve_model_path(m.tokenizer) if m.tokenizer else actor, reward, reference, m.dtype, m.trust_remote_code, m.lora,
+                        reference_is_base=base)
 
 
 def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:

@@ -40,6 +40,7 @@ from olingo.recipes.common import (
     make_plugin,
     open_run,
     optimizer_and_schedule,
+    resolve_model_path,
     resolve_path,
 )
 from olingo.recipes.ppo_config import (  # noqa: F401 - the config's classes, importable from here as before
@@ -84,11 +85,13 @@ def load_models(cfg: PPOConfig, inference_device: torch.device | str) -> PPOMode
     by default, as InstructGPT does), the reward; frozen models wait on `inference_device`."""
     m = cfg.model
     check_model_paths({"model.actor": m.actor, "model.reference": m.reference, "model.critic": m.critic, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
-    tokenizer = load_tokenizer(resolve_path(m.tokenizer or m.actor), padding_side="left")
+    source = resolve_model_path(m.actor, m.gguf_file)
+    tokenizer = load_tokenizer(resolve_model_path(m.tokenizer) if m.tokenizer else source, padding_side="left")
     load = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
-    actor = m.lora.apply(load_causal_lm(resolve_path(m.actor), **load))
-    reference = load_causal_lm(resolve_path(m.reference or m.actor), **load).eval().requires_grad_(False)
-    critic = m.lora.apply(Critic.from_pretrained(resolve_path(m.critic or cfg.reward.model or m.actor), pad_token_id=tokenizer.pad_token_id, **load))
+    actor = m.lora.apply(load_causal_lm(source, **load))
+    reference = load_causal_lm(resolve_model_path(m.reference) if m.reference else source, **load).eval().requires_grad_(False)
+    critic_source = m.critic or cfg.reward.model
+    critic = m.lora.apply(Critic.from_pretrained(resolve_model_path(critic_source) if critic_source else source, pad_token_id=tokenizer.pad_token_id, **load))
     reward = load_reward(cfg.reward, tokenizer, m.dtype, m.trust_remote_code)
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(actor)
@@ -145,7 +148,7 @@ def build_trainer(cfg: PPOConfig, setup: RunSetup, models: PPOModels, callbacks:
         experience_config=cfg.experience, reward_shaping=cfg.reward, eval_interval=loop.eval_interval, tis_cap=cfg.loss.tis_cap,
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
-        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device),
+        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, resolve_model_path(cfg.model.actor, cfg.model.gguf_file), models.tokenizer, setup.plugin.device),
         **generate_kwargs(cfg.generation),
     )
     trainer.show_progress = cfg.logging.progress

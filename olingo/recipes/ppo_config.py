@@ -31,10 +31,11 @@ from olingo.trainer.ppo_learner import PPOLossConfig
 class PPOModelConfig(StrictModel):
     """The actor and where the critic starts."""
 
-    actor: str = Field("builtin:tiny-llama", description="the policy to train: an SFT model directory or hub id")
+    actor: str = Field("builtin:tiny-llama", description="the policy to train: an SFT model directory, hub id or GGUF file (builtin:smollm2 = SmolLM2-135M-Instruct); other model paths take GGUF files too")
     reference: str | None = Field(None, description="frozen reference model for the KL penalty (default: actor)")
     critic: str | None = Field(None, description="critic start: a reward-model or causal-LM directory (default: reward.model, else actor)")
     tokenizer: str | None = Field(None, description="tokenizer directory (default: actor); shared by every model")
+    gguf_file: str | None = Field(None, description="the GGUF file to load when model.actor is a directory holding several")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (actor and critic)")

@@ -34,7 +34,7 @@ from olingo.recipes.common import (
     LoraSettings,
     OptimizerConfig,
     optimizer_and_schedule,
-    resolve_path,
+    resolve_model_path,
 )
 from olingo.recipes.ppo_config import PPOConfig
 
@@ -119,9 +119,14 @@ def maker_models(cfg: PPOConfig) -> PPOModelsFn:
     """A maker's four models: actor, critic (from the reward model by default), the reward (a
     reward model, reward functions, or both summed, as in `load_reward`), reference."""
     m, rc = cfg.model, cfg.reward
+    actor = resolve_model_path(m.actor, m.gguf_file)
+
+    def or_actor(path: str | None) -> str:
+        return resolve_model_path(path) if path else actor
+
     return PPOModelsFn(
-        resolve_path(m.actor), resolve_path(m.critic or rc.model or m.actor), resolve_path(m.tokenizer or m.actor),
-        resolve_path(m.reference or m.actor), resolve_path(rc.model) if rc.model else None, m.dtype, m.trust_remote_code, m.lora,
+        actor, or_actor(m.critic or rc.model), or_actor(m.tokenizer),
+        or_actor(m.reference), resolve_model_path(rc.model) if rc.model else None, m.dtype, m.trust_remote_code, m.lora,
         reward_functions=dict(rc.functions) or None, reward_model_weight=rc.model_weight,
     )
 

@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from olingo.config import StrictModel
 from olingo.models import RewardModel
 from olingo.models.rewards import CompositeReward, resolve_reward
-from olingo.recipes.common import resolve_path
+from olingo.recipes.common import resolve_model_path
 
 
 class RewardSource(StrictModel):
@@ -41,7 +41,7 @@ def load_reward(source: RewardSource, tokenizer: Any, dtype: str = "float32", tr
     """The reward model alone, or the weighted sum of the reward functions (and the model)."""
     neural = None
     if source.model is not None:
-        neural = RewardModel.from_pretrained(resolve_path(source.model), pad_token_id=tokenizer.pad_token_id, dtype=dtype, trust_remote_code=trust_remote_code)
+        neural = RewardModel.from_pretrained(resolve_model_path(source.model), pad_token_id=tokenizer.pad_token_id, dtype=dtype, trust_remote_code=trust_remote_code)
         neural = neural.eval().requires_grad_(False)
     if not source.functions:
         return neural

@@ -2,7 +2,8 @@
 
 The recipe, top to bottom:
     1. parse the config, seed, open the run directory (config.yaml)
-    2. load the tokenizer and the reward model (backbone + new value head, or a saved RM)
+    2. load the tokenizer and the reward model (backbone + new value head, or a saved RM), padded
+       with a token no chat row holds (see `use_scoring_pad_token`)
     3. load, validate and tokenise the preference data (errors name file, row, field)
     4. build dataloaders, AdamW and a cosine schedule sized in optimizer steps
     5. boost for the plugin, resume if asked, fit, report the held-out accuracy
@@ -18,6 +19,7 @@ from pydantic import Field
 from olingo.config import StrictModel
 from olingo.dataset import PreferenceCollator, build_preference_dataset
 from olingo.models import LogExpLoss, LogSigLoss, RewardModel, load_tokenizer
+from olingo.models.reward_model import use_scoring_pad_token
 from olingo.recipes.common import (
     CallbackSpec,
     LoggingConfig,
@@ -32,6 +34,7 @@ from olingo.recipes.common import (
     fit_run,
     loaders_and_optimizer,
     open_run,
+    resolve_model_path,
     resolve_path,
 )
 from olingo.trainer._support import Evaluator
@@ -77,8 +80,12 @@ def run_rm(
 
     # 2. tokenizer and model: a new value head on a causal LM, or a saved reward model
     check_model_paths({"model.path": cfg.model.path, "model.tokenizer": cfg.model.tokenizer})
-    tokenizer = load_tokenizer(resolve_path(cfg.model.tokenizer or cfg.model.path))
-    model = RewardModel.from_pretrained(resolve_path(cfg.model.path), pad_token_id=tokenizer.pad_token_id, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    source = resolve_model_path(cfg.model.path, cfg.model.gguf_file)
+    tokenizer = load_tokenizer(resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else source)
+    model = RewardModel.from_pretrained(source, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    # A pad id no chat row holds (not eos, which rows end with), in the model and the saved
+    # tokenizer alike: the export then scores in transformers exactly as olingo does.
+    use_scoring_pad_token(model, tokenizer)
     model = cfg.model.lora.apply(model)
     if cfg.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)

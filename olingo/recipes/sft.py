@@ -31,6 +31,7 @@ from olingo.recipes.common import (
     fit_run,
     loaders_and_optimizer,
     open_run,
+    resolve_model_path,
     resolve_path,
 )
 from olingo.trainer._support import Evaluator
@@ -70,8 +71,9 @@ def run_sft(
 
     # 2. tokenizer and model
     check_model_paths({"model.path": cfg.model.path, "model.tokenizer": cfg.model.tokenizer})
-    tokenizer = load_tokenizer(resolve_path(cfg.model.tokenizer or cfg.model.path))
-    model = load_causal_lm(resolve_path(cfg.model.path), dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    source = resolve_model_path(cfg.model.path, cfg.model.gguf_file)
+    tokenizer = load_tokenizer(resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else source)
+    model = load_causal_lm(source, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
     model = cfg.model.lora.apply(model)
     if cfg.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)

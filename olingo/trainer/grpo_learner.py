@@ -86,6 +86,9 @@ class GRPOLearner(TrainedModel):
     def train(self) -> None:
         self.model.train()
 
+    def eval(self) -> None:
+        self.model.eval()
+
     def step_units(self, minibatches: list[Experience]) -> torch.Tensor:
         """Loss units of one optimizer step: its micro-batches on every rank (float32 scalar)."""
         units = sum(loss_units(mb.action_mask, self.loss.aggregation) for mb in minibatches)

@@ -161,11 +161,13 @@ class OLTrainer(ABC):
     def _run_episode(self, episode: int, num_collect_steps: int, num_update_steps: int) -> None:
         dispatch(self.callbacks, "on_episode_start", episode)
         try:
+            self.learner.eval()  # rollouts and their log-probs without dropout (HF models load in eval mode anyway)
             for collect_step in range(num_collect_steps):
                 dispatch(self.callbacks, "on_make_experience_start")
                 experience = self._make_experience(collect_step)
                 dispatch(self.callbacks, "on_make_experience_end", experience)
                 self.data_buffer.append(experience)
+            self.learner.train()  # dropout and gradient checkpointing act in train mode only
             for update_step in range(num_update_steps):
                 dispatch(self.callbacks, "on_learn_epoch_start", update_step)
                 self._learn(update_step)

@@ -138,6 +138,10 @@ class PPOLearner:
         for learner in self._learners():
             learner.model.train()
 
+    def eval(self) -> None:
+        for learner in self._learners():
+            learner.model.eval()
+
     def no_sync(self) -> ExitStack:
         """Skip the data-parallel gradient all-reduce of every trained model (accumulation micro-steps)."""
         stack = ExitStack()

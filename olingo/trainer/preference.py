@@ -18,9 +18,7 @@ its LoRA adapters disabled, or columns precomputed into the batches.
 
 from __future__ import annotations
 
-import functools
 import gc
-import inspect
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -36,6 +34,7 @@ from olingo.cluster import DistCoordinator
 from olingo.models.functional import sequence_log_probs
 from olingo.models.lora import adapters_disabled, has_lora
 from olingo.models.loss import SequenceLogps
+from olingo.models.utils import keeps_logits
 from olingo.trainer.base import SLTrainer
 from olingo.trainer.callbacks import Callback, LoopArtifacts
 from olingo.trainer.reference_cache import (
@@ -91,7 +90,7 @@ def response_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     costliest part of a small model's forward, and the prompt needs neither.
     """
     start = first_scored_position(mask)
-    kwargs = {"logits_to_keep": input_ids.shape[1] - start} if _keeps_logits(model) else {}
+    kwargs = {"logits_to_keep": input_ids.shape[1] - start} if keeps_logits(model) else {}
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
     logits = logits[:, -(input_ids.shape[1] - start) :]
     return SequenceLogps(*sequence_log_probs(logits, input_ids[:, start:], mask[:, start:]))
@@ -102,17 +101,6 @@ def first_scored_position(mask: torch.Tensor) -> int:
     before it are context only. 0 when nothing is masked."""
     columns = mask[:, 1:].bool().any(0).nonzero()
     return int(columns[0]) if len(columns) else 0
-
-
-def _keeps_logits(model: torch.nn.Module) -> bool:
-    """Whether the (possibly DDP-wrapped) model's forward takes `logits_to_keep`."""
-    return _forward_takes_logits_to_keep(type(getattr(model, "module", model)))
-
-
-@functools.cache
-def _forward_takes_logits_to_keep(model_type: type) -> bool:
-    # Read once per model class: inspecting a signature on every forward is needless work.
-    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
 
 
 class ReferencePolicy:
