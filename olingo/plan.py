@@ -153,11 +153,12 @@ def logits_bytes(shape: ModelShape, tokens: int, act_bytes: int) -> float:
     return tokens * shape.vocab * act_bytes
 
 
-def scoring_bytes(shape: ModelShape, rows: int, seq: int, act_bytes: int) -> float:
+def scoring_bytes(shape: ModelShape, rows: int, seq: int, actions: int, act_bytes: int) -> float:
     """A forward without gradient that scores `rows` rollouts (old, reference log-probs): the
-    logits of every position, and one decoder layer's working set at a time."""
+    logits of the positions that predict the `actions` response tokens (`logits_to_keep`), and
+    one decoder layer's working set at a time."""
     layer = (8 * shape.hidden + 4 * shape.intermediate + 2 * shape.kv_dim) * act_bytes
-    return logits_bytes(shape, rows * seq, act_bytes) + rows * seq * layer
+    return logits_bytes(shape, rows * (actions + 1), act_bytes) + rows * seq * layer
 
 
 def entropy_bytes(shape: ModelShape, rows: int, actions: int) -> float:
@@ -267,11 +268,11 @@ def plan_ppo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - PPOConfig
     park = parks_on_cpu(algo.offload_inference_models)
     frozen = frozen_rows(cfg, park=park)
     kv = actor.layers * 2 * actor.kv_dim * seq * algo.rollout_batch_size * prec.act
-    scoring = scoring_bytes(actor, algo.rollout_batch_size, seq, prec.act)
+    scoring = scoring_bytes(actor, algo.rollout_batch_size, seq, cfg.generation.max_new_tokens, prec.act)
     tokens = algo.train_batch_size * seq
     acts = [activation_bytes(s, tokens, prec.act, lm_head=head, checkpointing=m.gradient_checkpointing) for s, head in ((actor, True), (critic, False))]
     rows = [*trained, *frozen, Row("KV cache (generation)", kv, f"{algo.rollout_batch_size} rollouts x {seq} tokens"),
-            Row("scoring forward", scoring, f"{algo.rollout_batch_size} rollouts x {seq} tokens, no gradient: logits, one layer"),
+            Row("scoring forward", scoring, f"{algo.rollout_batch_size} rollouts x {seq} tokens, no gradient: response logits, one layer"),
             Row("activations (learning)", max(acts), f"{algo.train_batch_size} x {seq} tokens, actor and critic in turn")]
     frozen_bytes = sum(r.nbytes for r in frozen)
     # Generating and scoring need the frozen models on the device; learning too unless they are parked on the CPU.
@@ -296,12 +297,12 @@ def plan_grpo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - GRPOConfig
     rollouts = algo.rollout_batch_size * exp.num_generations
     per_call, scored = min(exp.inference_batch_size or rollouts, rollouts), min(exp.logits_forward_batch_size or rollouts, rollouts)
     kv = actor.layers * 2 * actor.kv_dim * seq * per_call * prec.act
-    scoring = scoring_bytes(actor, scored, seq, prec.act)
+    scoring = scoring_bytes(actor, scored, seq, cfg.generation.max_new_tokens, prec.act)
     tokens = algo.train_batch_size * seq
     acts = activation_bytes(actor, tokens, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
     after = logits_bytes(actor, tokens, prec.act) + entropy_bytes(actor, algo.train_batch_size, cfg.generation.max_new_tokens)
     rows = [*trained, *frozen, Row("KV cache (generation)", kv, f"{per_call} rollouts per generate call x {seq} tokens"),
-            Row("scoring forward", scoring, f"{scored} rollouts per forward x {seq} tokens, no gradient: logits, one layer"),
+            Row("scoring forward", scoring, f"{scored} rollouts per forward x {seq} tokens, no gradient: response logits, one layer"),
             Row("activations (learning)", acts, f"{algo.train_batch_size} x {seq} tokens" + (", checkpointed" if m.gradient_checkpointing else "")),
             Row("logits + entropy", after, "kept after backward for the entropy metric")]
     frozen_bytes = sum(r.nbytes for r in frozen)
@@ -327,7 +328,7 @@ def plan_offline(cfg, world_size: int) -> Plan:  # noqa: ANN001 - DPOConfig, ORP
     rows = [*trained, Row("activations", acts, f"{rows_per_step} x {cfg.data.max_length} tokens{side}")]
     # A live reference (or the policy with adapters disabled) scores each batch before the policy's forward.
     live = needs_reference and not (separate and settings.precompute_ref_log_probs)
-    scoring = scoring_bytes(policy, rows_per_step, cfg.data.max_length, prec.act) if live else 0.0
+    scoring = scoring_bytes(policy, rows_per_step, cfg.data.max_length, cfg.data.max_length - 1, prec.act) if live else 0.0  # every position may hold response tokens
     learning = max(learning_bytes(policy, prec, shards, offload, acts), scoring)
     reference = 0
     if separate:

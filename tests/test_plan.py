@@ -190,7 +190,7 @@ def test_grpo_plan_reference_parking_scoring_and_entropy(assets, monkeypatch):
     rows = lambda p: {r.component: r.nbytes for r in p.rows}  # noqa: E731
     full = rows(plan())
     # tiny Llama (h 64, i 176, 2 KV heads of 32, vocab 104), 4 x 8 rollouts of 96 tokens: logits and one layer
-    assert full["scoring forward"] == 32 * 96 * 104 * 4 + 32 * 96 * (8 * 64 + 4 * 176 + 2 * 64) * 4
+    assert full["scoring forward"] == 32 * 33 * 104 * 4 + 32 * 96 * (8 * 64 + 4 * 176 + 2 * 64) * 4  # logits of the 32 + 1 positions that predict the response
     assert rows(plan("experience.logits_forward_batch_size=8"))["scoring forward"] == full["scoring forward"] / 4
     assert full["logits + entropy"] == 16 * 96 * 104 * 4 + 3 * 4 * 16 * 32 * 104
     # LoRA without model.reference: the actor with adapters disabled, no weights of its own
