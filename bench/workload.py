@@ -76,11 +76,17 @@ def write_pairs(root: Path, length: int, rows: int, seed: int = 0) -> str:
     if path.exists():
         return str(path)
     ids, digits = content_token_ids()
+    return write_pair_rows(path, ids, digits, length, rows, seed)
+
+
+def write_pair_rows(path: Path, vocab: list[int], rich: list[int], length: int, rows: int, seed: int) -> str:
+    """Reward-model pairs into `path`: each chosen token is from `rich` with probability 1/2 (else
+    `vocab`), each rejected token from `vocab`."""
     rng = random.Random(seed)
     with path.open("w") as handle:
         for _ in range(rows):
-            chosen = [rng.choice(digits) if rng.random() < 0.5 else rng.choice(ids) for _ in range(length)]
-            rejected = [rng.choice(ids) for _ in range(length)]
+            chosen = [rng.choice(rich) if rng.random() < 0.5 else rng.choice(vocab) for _ in range(length)]
+            rejected = [rng.choice(vocab) for _ in range(length)]
             handle.write(json.dumps({"chosen_input_ids": chosen, "rejected_input_ids": rejected}) + "\n")
     return str(path)
 
@@ -96,14 +102,19 @@ def write_dpo_pairs(root: Path, prompt_length: int, response_length: int, rows: 
     tokenizer = build_char_tokenizer()
     ids, digits = content_token_ids()
     ids = [i for i in ids if i != tokenizer.convert_tokens_to_ids("<")]
-    eos = tokenizer.eos_token_id
+    return write_dpo_rows(path, ids, digits, tokenizer.eos_token_id, prompt_length, response_length, rows, seed)
+
+
+def write_dpo_rows(path: Path, vocab: list[int], rich: list[int], eos: int, prompt_length: int, response_length: int, rows: int, seed: int) -> str:
+    """DPO rows into `path`: a prompt from `vocab`, responses of `response_length` tokens ending
+    with `eos`; chosen tokens from `rich` with probability 1/2, rejected ones from `vocab`."""
     body = response_length - 1
     rng = random.Random(seed)
     with path.open("w") as handle:
         for _ in range(rows):
-            prompt = [rng.choice(ids) for _ in range(prompt_length)]
-            chosen = [rng.choice(digits) if rng.random() < 0.5 else rng.choice(ids) for _ in range(body)] + [eos]
-            rejected = [rng.choice(ids) for _ in range(body)] + [eos]
+            prompt = [rng.choice(vocab) for _ in range(prompt_length)]
+            chosen = [rng.choice(rich) if rng.random() < 0.5 else rng.choice(vocab) for _ in range(body)] + [eos]
+            rejected = [rng.choice(vocab) for _ in range(body)] + [eos]
             handle.write(json.dumps({"prompt_ids": prompt, "chosen_ids": chosen, "rejected_ids": rejected}) + "\n")
     return str(path)
 
@@ -197,14 +208,7 @@ def write_word_pairs(root: Path, tokenizer_dir: str, length: int, rows: int, see
     if path.exists():
         return str(path)
     words = single_token_words(tokenizer_dir)
-    good = words[: len(words) // 10]
-    rng = random.Random(seed)
-    with path.open("w") as handle:
-        for _ in range(rows):
-            chosen = [rng.choice(good) if rng.random() < 0.5 else rng.choice(words) for _ in range(length)]
-            rejected = [rng.choice(words) for _ in range(length)]
-            handle.write(json.dumps({"chosen_input_ids": chosen, "rejected_input_ids": rejected}) + "\n")
-    return str(path)
+    return write_pair_rows(path, words, words[: len(words) // 10], length, rows, seed)
 
 
 def write_word_dpo_pairs(root: Path, tokenizer_dir: str, prompt_length: int, response_length: int, rows: int, seed: int = 0) -> str:
@@ -215,17 +219,8 @@ def write_word_dpo_pairs(root: Path, tokenizer_dir: str, prompt_length: int, res
     if path.exists():
         return str(path)
     words = single_token_words(tokenizer_dir)
-    good = words[: len(words) // 10]
     eos = AutoTokenizer.from_pretrained(tokenizer_dir).eos_token_id
-    body = response_length - 1
-    rng = random.Random(seed)
-    with path.open("w") as handle:
-        for _ in range(rows):
-            prompt = [rng.choice(words) for _ in range(prompt_length)]
-            chosen = [rng.choice(good) if rng.random() < 0.5 else rng.choice(words) for _ in range(body)] + [eos]
-            rejected = [rng.choice(words) for _ in range(body)] + [eos]
-            handle.write(json.dumps({"prompt_ids": prompt, "chosen_ids": chosen, "rejected_ids": rejected}) + "\n")
-    return str(path)
+    return write_dpo_rows(path, words, words[: len(words) // 10], eos, prompt_length, response_length, rows, seed)
 
 
 def write_text_arithmetic_prompts(root: Path, tokenizer_dir: str, rows: int, seed: int = 0) -> str:

@@ -389,16 +389,17 @@ def fit_run(
     }
 
 
-def build_rollout_engine(kind: str, settings: Any, model_path: str, tokenizer: Any, device: Any) -> Any:
+def build_rollout_engine(kind: str, settings: Any, model_path: str, tokenizer: Any, device: Any, gguf_file: str | None = None) -> Any:
     """The rollout engine `generation.engine` names: None for `hf` (the trainer samples with its
-    own actor, nothing to build), an in-process `VLLMEngine` on `model_path` for `vllm` (its
-    weights are synced from the policy before the first rollout, so a resumed run generates
-    from the checkpoint). `settings`: the `generation.vllm` section."""
+    own actor, nothing to build), an in-process `VLLMEngine` on `model_path` (resolved as
+    `resolve_model_path(model_path, gguf_file)`) for `vllm` (its weights are synced from the
+    policy before the first rollout, so a resumed run generates from the checkpoint).
+    `settings`: the `generation.vllm` section."""
     if kind == "hf":
         return None
     from olingo.engines.vllm import VLLMEngine  # imports vllm: only when asked for
 
-    return VLLMEngine(resolve_model_path(model_path), tokenizer, settings, device=device)
+    return VLLMEngine(resolve_model_path(model_path, gguf_file), tokenizer, settings, device=device)
 
 
 def check_engine_config(engine: str, plugin: Any, ray_enabled: bool) -> None:

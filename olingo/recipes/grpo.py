@@ -103,7 +103,7 @@ def build_trainer(cfg: GRPOConfig, setup: RunSetup, models: GRPOModels, callback
         experience_config=exp, loss_config=cfg.loss, eval_interval=loop.eval_interval,
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
-        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, resolve_model_path(cfg.model.actor, cfg.model.gguf_file), models.tokenizer, setup.plugin.device),
+        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device, cfg.model.gguf_file),
         **generate_kwargs(cfg.generation),
     )
     trainer.show_progress = cfg.logging.progress

@@ -148,7 +148,7 @@ def build_trainer(cfg: PPOConfig, setup: RunSetup, models: PPOModels, callbacks:
         experience_config=cfg.experience, reward_shaping=cfg.reward, eval_interval=loop.eval_interval, tis_cap=cfg.loss.tis_cap,
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
-        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, resolve_model_path(cfg.model.actor, cfg.model.gguf_file), models.tokenizer, setup.plugin.device),
+        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device, cfg.model.gguf_file),
         **generate_kwargs(cfg.generation),
     )
     trainer.show_progress = cfg.logging.progress
