@@ -391,3 +391,42 @@ def test_two_threads_converting_at_once_share_one_directory(tiny, tmp_path, monk
         results = list(pool.map(lambda _: gguf_to_hf(tiny[0], cache), range(2)))
     assert results[0] == results[1] and (results[0] / SOURCE_FILE).is_file()
     assert [p.name for p in cache.iterdir()] == [results[0].name]
+
+
+def test_threads_load_one_model_at_a_time_so_tied_weights_stay_tied(tiny, tmp_path, monkeypatch):
+    """transformers' from_pretrained swaps `PreTrainedModel.tie_weights` for a no-op while it
+    builds a model; two loads overlapping in time could leave the no-op in place for the whole
+    process (CI saw every later tied model load with its output head on the meta device). Each
+    load here lingers inside that window, so without olingo's lock the two would overlap."""
+    import contextlib
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transformers import PreTrainedModel
+    from transformers import initialization as hf_init
+
+    from olingo.models.loading import load_causal_lm
+
+    real_window, original_tie = hf_init.no_tie_weights, PreTrainedModel.tie_weights
+    inside, most_inside, count = [0], [0], threading.Lock()
+
+    @contextlib.contextmanager
+    def slow_window():  # noqa: ANN202 - a context manager like transformers'
+        with real_window():
+            with count:
+                inside[0] += 1
+                most_inside[0] = max(most_inside[0], inside[0])
+            time.sleep(0.3)
+            try:
+                yield
+            finally:
+                with count:
+                    inside[0] -= 1
+
+    monkeypatch.setattr(hf_init, "no_tie_weights", slow_window)
+    directory = gguf_to_hf(tiny[0], tmp_path / "cache")
+    with ThreadPoolExecutor(3) as pool:
+        models = list(pool.map(lambda _: load_causal_lm(str(directory)), range(3)))
+    assert most_inside[0] == 1 and PreTrainedModel.tie_weights is original_tie
+    assert len(models) == 3 and not any(p.is_meta for m in models for p in m.parameters())

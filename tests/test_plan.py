@@ -31,7 +31,7 @@ def measured_peak(cfg: SFTConfig, tmp_path) -> int:
     torch.manual_seed(0)
     model = cfg.model.lora.apply(load_causal_lm(cfg.model.path))
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
     optimizer = build_optimizer(model.train(), 1e-3, 0.0, (0.9, 0.999))
     ids = torch.randint(3, model.config.vocab_size, (cfg.train.batch_size, cfg.data.max_length))
     mask = torch.ones_like(ids)

@@ -184,7 +184,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients_on_smollm2(smo
         model.train()
         plain_loss, plain = one_step(model, loss_of)
         enable_gradient_checkpointing(model)
-        assert model.is_gradient_checkpointing
+        assert model.is_activation_checkpointing
         loss, grads = one_step(model, loss_of)
         assert torch.equal(loss, plain_loss)  # the same forward
         assert grads.keys() == plain.keys() and all(g.abs().sum() > 0 for g in plain.values())  # every trainable tensor gets a gradient

@@ -158,11 +158,14 @@ def _load(gguf: Path):  # noqa: ANN202 - (PreTrainedModel, tokenizer), imported 
     """The model (weights dequantized to floats) and tokenizer transformers reads from `gguf`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+    from olingo.models.loading import ONE_MODEL_LOAD_AT_A_TIME
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # dequantize: with a GGUF matmul kernel installed, transformers would otherwise keep the
         # weights packed in GGUF blocks, which neither save_pretrained nor training can use.
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
+        with ONE_MODEL_LOAD_AT_A_TIME:
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True))
     except _LOAD_ERRORS as err:
         reason = " ".join(str(err).split())[:300].rstrip(".") or type(err).__name__
         raise ModelLoadError(f"could not load the GGUF file '{gguf}' through transformers: {reason}{_load_hint(gguf, err)}") from None

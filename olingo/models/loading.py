@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -66,6 +67,14 @@ def explain_load_failure(path: str, err: Exception, what: str = "model") -> Mode
     return ModelLoadError(f"could not load the {what} '{path}': no such local path, and as a hub id: {reason}")
 
 
+# transformers' `from_pretrained` is not thread-safe: while it builds a model it swaps
+# `PreTrainedModel.tie_weights` for a no-op on the class and puts back what it saved on the way
+# out. Two threads loading at once can save each other's no-op and leave it there for good, and
+# every later model in the process comes out with untied embeddings (a tied output head left on
+# the meta device). olingo loads one model at a time per process; loading is disk-bound anyway.
+ONE_MODEL_LOAD_AT_A_TIME = threading.Lock()
+
+
 def load_tokenizer(path: str, padding_side: str | None = None) -> PreTrainedTokenizerBase:
     """AutoTokenizer with a pad token guaranteed (eos is reused when the model has none).
 
@@ -95,7 +104,8 @@ def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = 
     """Any `AutoModelForCausalLM` from a directory or hub id."""
     check_model_path(path)
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
+        with ONE_MODEL_LOAD_AT_A_TIME:
+            return AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
     except LOAD_ERRORS as err:
         raise explain_load_failure(path, err) from None
 
@@ -104,7 +114,8 @@ def load_backbone(path: str, dtype: str = "float32", trust_remote_code: bool = F
     """The transformer body without a head (`AutoModel`), e.g. for custom heads."""
     check_model_path(path)
     try:
-        return AutoModel.from_pretrained(path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
+        with ONE_MODEL_LOAD_AT_A_TIME:
+            return AutoModel.from_pretrained(path, dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
     except LOAD_ERRORS as err:
         raise explain_load_failure(path, err) from None
 

@@ -30,6 +30,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 from olingo.dataset.chat_tokens import encode_chat
 from olingo.models.loading import (
     LOAD_ERRORS,
+    ONE_MODEL_LOAD_AT_A_TIME,
     check_model_path,
     explain_load_failure,
     load_safetensors_into,
@@ -68,10 +69,11 @@ class RewardModel(nn.Module):
         """
         check_model_path(path, f"{cls.kind} path")
         try:
-            model, info = AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=1, dtype=resolve_dtype(dtype), output_loading_info=True,
-                trust_remote_code=trust_remote_code,
-            )
+            with ONE_MODEL_LOAD_AT_A_TIME:
+                model, info = AutoModelForSequenceClassification.from_pretrained(
+                    path, num_labels=1, dtype=resolve_dtype(dtype), output_loading_info=True,
+                    trust_remote_code=trust_remote_code,
+                )
         except LOAD_ERRORS as err:
             raise explain_load_failure(path, err, cls.kind) from None
         if pad_token_id is not None:
@@ -119,8 +121,8 @@ class RewardModel(nn.Module):
         """Load a directory written by `save_pretrained` into this model in place, strictly."""
         load_safetensors_into(self.model, directory)
 
-    def gradient_checkpointing_enable(self, **kwargs) -> None:
-        self.model.gradient_checkpointing_enable(**kwargs)
+    def activation_checkpointing_enable(self, **kwargs) -> None:
+        self.model.activation_checkpointing_enable(**kwargs)
 
 
 def template_token_ids(tokenizer: Any) -> set[int]:

@@ -290,7 +290,7 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     gradients as no checkpointing, works when inputs need no grad (frozen embeddings under
     LoRA) and inside FSDP2, whose hooks the reentrant variant bypasses.
     """
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
 def make_plugin(plugin_cfg: PluginConfig, max_norm: float | None) -> Plugin:
