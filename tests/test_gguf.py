@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +142,11 @@ def copy_of(source: Path, directory: Path, name: str | None = None) -> Path:
     return target
 
 
+def content_of(cache: Path) -> list[str]:
+    """What a conversion cache holds, less its lock files (empty files, kept for the next lock)."""
+    return sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock"))
+
+
 def token_ids(tokenizer) -> list[int]:  # noqa: ANN001 - any HF tokenizer
     return list(tokenizer.apply_chat_template(CONVERSATION, tokenize=True, return_dict=False))
 
@@ -186,8 +192,9 @@ def test_a_second_call_reuses_the_conversion_and_a_modified_file_is_converted_ag
 
 
 def test_a_conversion_that_loses_the_race_uses_the_winners_directory(tiny, tmp_path, monkeypatch, conversions):
-    """Two converters at once: while this one writes its copy, "another process" converts the
-    same file and renames first; this one drops its temporary directory and returns the winner's."""
+    """Two converters at once where the lock does not hold (some network file systems): while this
+    one writes its copy, "another process" converts the same file and renames first; this one
+    drops its temporary directory and returns the winner's."""
     path, cache = tiny[0], tmp_path / "cache"
     real_save = gguf_module._save
     other: list[Path] = []
@@ -201,7 +208,7 @@ def test_a_conversion_that_loses_the_race_uses_the_winners_directory(tiny, tmp_p
     monkeypatch.setattr(gguf_module, "_save", save_after_another_process)
     result = gguf_to_hf(path, cache)
     assert result == other[0] and (result / SOURCE_FILE).is_file() and len(conversions) == 2
-    assert [p.name for p in cache.iterdir()] == [result.name]  # both temporary directories are gone
+    assert content_of(cache) == [result.name]  # both temporary directories are gone
 
 
 def test_a_disk_full_while_converting_is_one_line_and_leaves_nothing(tiny, tmp_path, monkeypatch):
@@ -215,7 +222,14 @@ def test_a_disk_full_while_converting_is_one_line_and_leaves_nothing(tiny, tmp_p
     cache.mkdir()
     with pytest.raises(ModelLoadError, match="could not write the model converted from .*: No space left on device; free space or set OLINGO_HOME"):
         gguf_to_hf(tiny[0], cache)
-    assert list(cache.iterdir()) == []
+    assert content_of(cache) == []
+
+
+def test_a_cache_that_cannot_be_written_is_one_line(tiny, tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(ModelLoadError, match=f"could not write the model converted from .* into {blocked}/models: .*; free space or set OLINGO_HOME"):
+        gguf_to_hf(tiny[0], blocked / "models")
 
 
 # ---- model.path forms -----------------------------------------------------------------------------
@@ -265,7 +279,7 @@ def test_an_architecture_transformers_cannot_load_names_the_file_and_the_ones_it
     assert message.startswith(f"could not load the GGUF file '{path}' through transformers: GGUF model with architecture bert-ish-unknown is not supported yet. transformers ")
     assert "reads GGUF models of these architectures: llama, mistral, qwen2," in message
     assert message.endswith("; convert other models to a Hugging Face directory first")
-    assert not (tmp_path / "cache").exists()
+    assert content_of(tmp_path / "cache") == []  # nothing but the (empty) lock file
 
 
 @pytest.mark.parametrize(
@@ -365,32 +379,38 @@ def test_cli_sft_from_a_gguf_file_trains_and_writes_a_plain_hf_model(tiny, tmp_p
     assert [row["step"] for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())] == [1, 2]
     final = run_dir / "checkpoints" / "final" / "model"
     assert "quantization_config" not in json.loads((final / "config.json").read_text())
-    (converted,) = (home / "models").iterdir()
+    (converted,) = [home / "models" / name for name in content_of(home / "models")]
     base, trained = load_file(str(converted / "model.safetensors")), load_file(str(final / "model.safetensors"))
     assert base.keys() == trained.keys() and not [k for k in base if torch.equal(base[k], trained[k])]
     AutoModelForCausalLM.from_pretrained(final)
     assert AutoTokenizer.from_pretrained(final).chat_template == CHAT_TEMPLATE
 
 
-def test_two_threads_converting_at_once_share_one_directory(tiny, tmp_path, monkeypatch):
-    """Both threads convert (a barrier holds each inside its save until the other is there too);
-    one rename wins and both return its directory, with no temporary directory left behind."""
+def test_two_threads_converting_at_once_convert_once(tiny, tmp_path, monkeypatch, conversions, caplog):
+    """The second thread (a second torchrun rank, in effect) arrives while the first converts:
+    it waits on the lock, says so, and reuses the first one's directory instead of converting."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    real_save = gguf_module._save
-    barrier = threading.Barrier(2, timeout=60)
+    counting_load, converting = gguf_module._load, threading.Event()
 
-    def save_together(*args):  # noqa: ANN002, ANN202 - as _save
-        barrier.wait()
-        real_save(*args)
+    def slow_load(path: Path):  # noqa: ANN202 - as _load
+        converting.set()
+        time.sleep(1.5)  # past the lock's first one-second wait, so the other thread logs
+        return counting_load(path)
 
-    monkeypatch.setattr(gguf_module, "_save", save_together)
+    def convert(index: int) -> Path:
+        if index == 1:
+            assert converting.wait(timeout=60)
+        return gguf_to_hf(tiny[0], cache)
+
+    monkeypatch.setattr(gguf_module, "_load", slow_load)
     cache = tmp_path / "cache"
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda _: gguf_to_hf(tiny[0], cache), range(2)))
-    assert results[0] == results[1] and (results[0] / SOURCE_FILE).is_file()
-    assert [p.name for p in cache.iterdir()] == [results[0].name]
+    with caplog.at_level("INFO", logger="olingo"), ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(convert, range(2)))
+    assert results[0] == results[1] and (results[0] / SOURCE_FILE).is_file() and conversions == [tiny[0]]
+    assert "another process is converting" in caplog.text
+    assert content_of(cache) == [results[0].name]
 
 
 def test_threads_load_one_model_at_a_time_so_tied_weights_stay_tied(tiny, tmp_path, monkeypatch):

