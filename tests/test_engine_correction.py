@@ -139,4 +139,5 @@ def test_generation_settings_are_engine_neutral() -> None:
     from olingo.recipes.ppo_config import GenerationConfig, generate_kwargs
 
     cfg = GenerationConfig(engine="vllm", max_new_tokens=8)
-    assert GenerationSettings.from_kwargs(**generate_kwargs(cfg)).max_new_tokens == 8
+    settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg, [3]))
+    assert settings.max_new_tokens == 8 and settings.stop_token_ids == [3]

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from olingo.booster import Booster
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
+from olingo.errors import ModelLoadError
 from olingo.experience_maker.group import GroupExperienceConfig, GroupExperienceMaker
 from olingo.models import load_causal_lm, load_tokenizer
 from olingo.models.rewards import CompositeReward
@@ -255,3 +256,57 @@ def test_cli_overlong_buffer_beyond_the_limit_is_one_line(tmp_path, assets):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "experience.overlong_buffer (16) is longer than generation.max_new_tokens (8)" in out.stderr
     assert not list(tmp_path.iterdir())
+
+
+# ---- where responses end ------------------------------------------------------------------------
+def test_stop_token_ids_add_the_eos_ids_the_generation_config_names(assets, tok, tmp_path):
+    from transformers import GenerationConfig
+
+    from olingo.models import stop_token_ids
+
+    eos = tok.eos_token_id
+    assert stop_token_ids(tok, str(assets.model_dir)) == [eos]  # its generation_config names the same eos
+    for named, expected in ((eos, [eos]), ([eos, 7, 9], [eos, 7, 9]), ([9, eos], [eos, 9])):
+        GenerationConfig(eos_token_id=named).save_pretrained(tmp_path / str(named))
+        assert stop_token_ids(tok, str(tmp_path / str(named))) == expected
+    assert stop_token_ids(tok, str(tmp_path)) == [eos]  # no generation_config.json
+    no_eos = load_tokenizer(str(assets.model_dir))  # its own copy: the module's `tok` stays as it is
+    no_eos.eos_token = None
+    with pytest.raises(ModelLoadError, match="neither the tokenizer nor .* names an eos token, so no response would ever end"):
+        stop_token_ids(no_eos, str(tmp_path))
+
+
+def rigged_policy(assets, tok, out, extra_eos: list[int]) -> str:
+    """The tiny model rewired so that greedy decoding always picks one of two tokens (the sign of
+    one hidden unit chooses), never its eos; `extra_eos` lands in its generation_config.json."""
+    from olingo.tasks import save_pretrained_pair
+
+    model = load_causal_lm(str(assets.model_dir))
+    first, second = tok.convert_tokens_to_ids(["7", "9"])
+    with torch.no_grad():
+        model.model.norm.weight.zero_()[0] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[first, 0], model.lm_head.weight[second, 0] = 10.0, -10.0
+    model.generation_config.eos_token_id = [tok.eos_token_id, *extra_eos]
+    return str(save_pretrained_pair(model, tok, out))
+
+
+@pytest.mark.parametrize("ends_at_turn_token", [True, False])
+def test_grpo_rollouts_end_at_every_eos_the_policy_names(assets, tok, tmp_path, ends_at_turn_token):
+    """An instruct model whose end-of-turn token is not its tokenizer's eos (Gemma, some Llama-3
+    exports) names it in generation_config.json; rollouts must stop there, as transformers'
+    generate and vLLM do, or they run on to max_new_tokens."""
+    from olingo.recipes.grpo import GRPOConfig, run_grpo
+
+    extra = tok.convert_tokens_to_ids(["7", "9"]) if ends_at_turn_token else []
+    policy = rigged_policy(assets, tok, tmp_path / "policy", extra)
+    cfg = GRPOConfig.model_validate({
+        "run": {"output_dir": str(tmp_path), "name": "stops"}, "model": {"actor": policy},
+        "loop": {"episodes": 1, "rollout_batch_size": 2, "train_batch_size": 4, "eval_interval": 0, "save_interval": 0},
+        "data": {"eval_prompts": []}, "experience": {"num_generations": 2, "kl_coef": 0.0},
+        "generation": {"max_new_tokens": 6, "do_sample": False}, "reward": {"functions": {"tests.test_grpo:varied_reward": 1.0}},
+        "logging": {"progress": False},
+    })
+    run_grpo(cfg)
+    (row,) = read_jsonl(tmp_path / "stops" / "metrics.jsonl")
+    assert row["rollout/response_length"] == (1.0 if ends_at_turn_token else 6.0)

@@ -24,7 +24,7 @@ from olingo.config import load_config
 from olingo.dataset import PreferenceCollator, build_preference_dataset
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
 from olingo.experience_maker import GenerationSettings, NaiveExperienceMaker
-from olingo.models import RewardModel, load_causal_lm, load_tokenizer
+from olingo.models import RewardModel, load_causal_lm, load_tokenizer, stop_token_ids
 from olingo.models.rewards import CompositeReward
 from olingo.models.rlvr import arithmetic_exact
 from olingo.recipes.common import packaged_config, resolve_path
@@ -116,7 +116,7 @@ def sampled_metrics(sft_model: str, trained: Sequence[str], reward: Any, cfg: PP
     prompts = build_prompt_dataset([resolve_path(s) for s in cfg.data.eval_prompts], tokenizer, cfg.data.max_prompt_length)
     prompts.items = prompts.items * samples_per_prompt
     loader = DataLoader(prompts, batch_size=256, shuffle=False, collate_fn=PromptCollator(tokenizer.pad_token_id))
-    settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation))
+    settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation, stop_token_ids(tokenizer, sft_model)))
     results = []
     for actor_dir in (sft_model, *trained):
         actor = reference if actor_dir == sft_model else load_causal_lm(actor_dir).eval()

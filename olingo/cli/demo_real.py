@@ -29,7 +29,7 @@ from olingo.config import load_config
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
 from olingo.errors import OlingoError
 from olingo.experience_maker import ExperienceConfig, GenerationSettings, NaiveExperienceMaker
-from olingo.models import load_causal_lm, load_tokenizer
+from olingo.models import load_causal_lm, load_tokenizer, stop_token_ids
 from olingo.models.rewards import CompositeReward
 from olingo.models.verifiers import math_answer
 from olingo.recipes.common import packaged_config, resolve_model_path
@@ -127,7 +127,8 @@ def evaluate_models(models: Sequence[str], prompts_file: str, cfg: GRPOConfig, s
     tokenizer = load_tokenizer(models[0], padding_side="left")
     start = load_causal_lm(models[0]).eval()
     loader = _loader(prompts_file, tokenizer, cfg.data.max_prompt_length, samples)
-    settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation.model_copy(update={"do_sample": not greedy})))
+    stops = stop_token_ids(tokenizer, models[0])
+    settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation.model_copy(update={"do_sample": not greedy}), stops))
     results = []
     for model_dir in models:
         actor = start if model_dir == models[0] else load_causal_lm(model_dir).eval()
@@ -157,7 +158,7 @@ def own_preference_pairs(model_dir: str, prompts_file: str, cfg: GRPOConfig, sam
     tokenizer = load_tokenizer(model_dir, padding_side="left")
     model = load_causal_lm(model_dir).eval()
     loader = _loader(prompts_file, tokenizer, cfg.data.max_prompt_length, samples)
-    settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation))
+    settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation, stop_token_ids(tokenizer, model_dir)))
     maker = _format_scoring_maker(model, None, tokenizer, settings)
     _, drawn = evaluate_policy(maker, loader, settings, accuracy_fn=math_answer, seed=cfg.run.seed + 1)
     questions = [json.loads(line)["prompt"] for line in Path(prompts_file).read_text().splitlines()]

@@ -5,6 +5,7 @@ from olingo.models.loading import (
     load_causal_lm,
     load_safetensors_into,
     load_tokenizer,
+    stop_token_ids,
 )
 from olingo.models.loss import GPTLMLoss, LogExpLoss, LogSigLoss, token_nll
 from olingo.models.reward_model import RewardModel
@@ -21,5 +22,6 @@ __all__ = [
     "load_safetensors_into",
     "load_tokenizer",
     "position_ids_from_mask",
+    "stop_token_ids",
     "token_nll",
 ]

@@ -13,6 +13,7 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoTokenizer,
+    GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -98,6 +99,28 @@ def load_tokenizer(path: str, padding_side: str | None = None) -> PreTrainedToke
     if padding_side is not None:
         tokenizer.padding_side = padding_side
     return tokenizer
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model_dir: str) -> list[int]:
+    """The ids that end a response: the tokenizer's eos, then every other eos id the model's
+    `generation_config.json` names. Instruct models list their end-of-turn token there when it
+    is not the tokenizer's eos (Gemma's `<end_of_turn>`, some Llama-3 exports' `<|eot_id|>`,
+    Qwen2.5's `<|endoftext|>` beside `<|im_end|>`), and transformers' `generate` and vLLM stop at
+    all of them; rollouts and their loss masks must end where generation does."""
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    try:
+        named = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    except (OSError, ValueError):  # no generation_config.json: the tokenizer's eos alone
+        named = None
+    for token in [named] if isinstance(named, int) else named or []:
+        if token not in ids:
+            ids.append(token)
+    if not ids:
+        raise ModelLoadError(
+            f"neither the tokenizer nor {model_dir}/generation_config.json names an eos token, so no response "
+            "would ever end: set eos_token in the tokenizer's tokenizer_config.json or eos_token_id in generation_config.json"
+        )
+    return ids
 
 
 def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from olingo.config import ConfigError
-from olingo.models import load_causal_lm, load_tokenizer
+from olingo.models import load_causal_lm, load_tokenizer, stop_token_ids
 from olingo.models.lora import AdaptersDisabled
 from olingo.models.rewards import CompositeReward
 from olingo.models.rlvr import get_reward_function
@@ -56,6 +56,7 @@ class GRPOModels:
     actor: torch.nn.Module
     reward: Any
     reference: torch.nn.Module | None
+    stop_token_ids: list[int]  # where responses end (the tokenizer's and the policy's eos ids)
 
 
 def load_models(cfg: GRPOConfig, inference_device: torch.device | str) -> GRPOModels:
@@ -77,7 +78,7 @@ def load_models(cfg: GRPOConfig, inference_device: torch.device | str) -> GRPOMo
         enable_gradient_checkpointing(actor)
     if isinstance(reward, torch.nn.Module | CompositeReward):
         reward.to(inference_device)
-    return GRPOModels(tokenizer, actor, reward, reference)
+    return GRPOModels(tokenizer, actor, reward, reference, stop_token_ids(tokenizer, source))
 
 
 def total_optimizer_steps(loop: GRPOLoopConfig, num_generations: int) -> int:
@@ -104,7 +105,7 @@ def build_trainer(cfg: GRPOConfig, setup: RunSetup, models: GRPOModels, callback
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
         engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device, cfg.model.gguf_file),
-        **generate_kwargs(cfg.generation),
+        **generate_kwargs(cfg.generation, models.stop_token_ids),
     )
     trainer.show_progress = cfg.logging.progress
     trainer.run_config = cfg.model_dump(mode="json")

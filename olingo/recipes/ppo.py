@@ -23,7 +23,7 @@ from olingo.booster import Booster
 from olingo.config import ConfigError
 from olingo.dataset import SFTCollator, build_sft_dataset
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
-from olingo.models import RewardModel, load_causal_lm, load_tokenizer
+from olingo.models import RewardModel, load_causal_lm, load_tokenizer, stop_token_ids
 from olingo.models.critic import Critic
 from olingo.models.rewards import CompositeReward
 from olingo.models.rlvr import get_reward_function
@@ -69,6 +69,7 @@ class PPOModels:
     critic: torch.nn.Module
     reference: torch.nn.Module
     reward: RewardModel | CompositeReward
+    stop_token_ids: list[int]  # where responses end (the tokenizer's and the actor's eos ids)
 
 
 @dataclass
@@ -98,7 +99,7 @@ def load_models(cfg: PPOConfig, inference_device: torch.device | str) -> PPOMode
         enable_gradient_checkpointing(critic)
     reference.to(inference_device)
     reward.to(inference_device)
-    return PPOModels(tokenizer, actor, critic, reference, reward)
+    return PPOModels(tokenizer, actor, critic, reference, reward, stop_token_ids(tokenizer, source))
 
 
 def load_data(cfg: PPOConfig, tokenizer: Any, plugin: Any) -> PPOData:
@@ -149,7 +150,7 @@ def build_trainer(cfg: PPOConfig, setup: RunSetup, models: PPOModels, callbacks:
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
         engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device, cfg.model.gguf_file),
-        **generate_kwargs(cfg.generation),
+        **generate_kwargs(cfg.generation, models.stop_token_ids),
     )
     trainer.show_progress = cfg.logging.progress
     trainer.run_config = cfg.model_dump(mode="json")

@@ -69,7 +69,7 @@ class GenerationConfig(StrictModel):
     temperature: float = Field(1.0, gt=0, description="sampling temperature; log-probs are taken at the same temperature")
     top_k: int = Field(0, ge=0, description="sample from the k most likely tokens (0: off)")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1.0: off)")
-    stop_strings: list[str] = Field(default_factory=list, description="extra strings that end a response (the eos token always does)")
+    stop_strings: list[str] = Field(default_factory=list, description="extra strings that end a response (the eos tokens always do: the tokenizer's, and any other the model's generation_config.json names, e.g. an end-of-turn token)")
 
 
 class PPOLoopConfig(StrictModel):
@@ -110,10 +110,12 @@ class PPOConfig(StrictModel):
     ray: RayConfig = Field(default_factory=RayConfig, description="detached mode on Ray (rollout workers and trainer as actors)")
 
 
-def generate_kwargs(cfg: GenerationConfig, temperature: float | None = None) -> dict:
-    """The `GenerationSettings` keywords of the section (what to sample, not which engine)."""
+def generate_kwargs(cfg: GenerationConfig, stop_token_ids: list[int], temperature: float | None = None) -> dict:
+    """The `GenerationSettings` keywords of the section (what to sample, not which engine), with
+    the policy's stop ids (`olingo.models.stop_token_ids`)."""
     kwargs = cfg.model_dump(exclude={"engine", "vllm"})
     kwargs["stop_strings"] = kwargs["stop_strings"] or None
+    kwargs["stop_token_ids"] = list(stop_token_ids)
     if temperature is not None:
         kwargs["temperature"] = temperature
     return kwargs

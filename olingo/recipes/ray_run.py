@@ -31,7 +31,7 @@ from typing import Any
 
 from olingo.booster import SingleProcessPlugin
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
-from olingo.models import load_tokenizer
+from olingo.models import load_tokenizer, stop_token_ids
 from olingo.models.rlvr import get_reward_function
 from olingo.ray.making import GroupMaking, PPOMaking
 from olingo.recipes.common import (
@@ -139,8 +139,10 @@ def run_on_ray(cfg: RayRecipeConfig, algorithm: RayAlgorithm, run_dir: Path, che
         trainer_name = f"{cfg.run.name}-trainer-{suffix}"
         maker_names = [f"{cfg.run.name}-maker{i}-{suffix}" for i in range(rc.num_makers)]
         makers: list[Any] = []
+        models = algorithm.maker_models
+        stops = stop_token_ids(load_tokenizer(models.tokenizer), models.actor)  # the same for every maker
         for i, name in enumerate(maker_names):  # each recorded at once: a later failure still shuts it down
-            makers.append(_spawn_maker(cfg, algorithm, launch, i, name, trainer_name))
+            makers.append(_spawn_maker(cfg, algorithm, launch, i, name, trainer_name, stops))
             actors.append(makers[-1])
 
         # 4. the trainer actor; resume; the run directory
@@ -161,8 +163,9 @@ def run_on_ray(cfg: RayRecipeConfig, algorithm: RayAlgorithm, run_dir: Path, che
     return _write_summary(run_dir, before, after, summary)
 
 
-def _spawn_maker(cfg: RayRecipeConfig, algorithm: RayAlgorithm, launch: Any, i: int, name: str, trainer_name: str) -> Any:
-    """Maker `i`: the algorithm's models and `making`, its own prompt order; maker 0 evaluates."""
+def _spawn_maker(cfg: RayRecipeConfig, algorithm: RayAlgorithm, launch: Any, i: int, name: str, trainer_name: str, stops: list[int]) -> Any:
+    """Maker `i`: the algorithm's models and `making`, its own prompt order, responses ending at
+    `stops`; maker 0 evaluates."""
     loop, data, models = cfg.loop, cfg.data, algorithm.maker_models
     return launch.spawn_maker(
         cfg.ray, name, [trainer_name], models, TokenizerFn(models.tokenizer),
@@ -171,7 +174,7 @@ def _spawn_maker(cfg: RayRecipeConfig, algorithm: RayAlgorithm, launch: Any, i: 
         engine_fn=VLLMEngineFn(models.actor, cfg.generation.vllm) if cfg.generation.engine == "vllm" else None,
         eval_dataloader_fn=PromptLoaderFn([resolve_path(s) for s in data.eval_prompts], models.tokenizer, data.max_prompt_length, loop.eval_batch_size, train=False) if data.eval_prompts and i == 0 else None,
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
-        seed=cfg.run.seed + i, call_timeout_s=cfg.ray.call_timeout_s, **generate_kwargs(cfg.generation),
+        seed=cfg.run.seed + i, call_timeout_s=cfg.ray.call_timeout_s, **generate_kwargs(cfg.generation, stops),
     )
 
 
