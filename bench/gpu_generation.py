@@ -31,7 +31,6 @@ Prints a JSON summary and writes it to $OUT/gpu_generation.json when $OUT is set
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os
@@ -252,12 +251,10 @@ def bench_hf(args, model, tokenizer, olingo, ids: torch.Tensor, mask: torch.Tens
     # warm-up: one whole call per implementation (kernels of every shape, cuBLAS handles, and the
     # allocator grown to the full KV cache): after a warm-up of 8 prompts x 16 tokens, or of the
     # whole batch x 32 tokens, the first timed call on an H100 still took 2.5-3.3x the later ones
-    warm_tokens = args.new_tokens
     start = time.perf_counter()
     with torch.no_grad():
-        runner.run(lambda i, m: model.generate(input_ids=i, attention_mask=m, generation_config=plain_config(warm_tokens, sample=True)), ids, mask)
-        if olingo is not None:
-            runner.run(lambda i, m: engine.generate(i, m, dataclasses.replace(settings, max_new_tokens=warm_tokens)).sequences, ids, mask)
+        for impl in impls.values():
+            runner.run(impl, ids, mask)
     sync(device)
     warmup_s = time.perf_counter() - start
     if device.type == "cuda":

@@ -8,7 +8,7 @@ changes for a GPU: the base weights in bf16 (`model.dtype=bfloat16`; peft keeps 
 fp32, so AdamW updates fp32 tensors), `--rollout-prompts` x 8 responses per episode (the demo: 6 x 8),
 one optimizer step per episode as in the demo, and the held-out questions evaluated every
 `--eval-every` steps (`eval/accuracy` in metrics.jsonl: one sampled answer per question at the
-rollout temperature). Before and after, the start and the final model are evaluated as the CPU
+rollout temperature). After training, the start and the final model are evaluated as the CPU
 demo does (`evaluate_models`: `--eval-samples` sampled answers per question with the same draws
 for both, and greedy).
 
@@ -62,17 +62,11 @@ def main() -> None:
     cfg = load_config(GRPOConfig, packaged_config("grpo_smollm2.yaml"), [
         f"run.output_dir={work}", "run.overwrite=true", "run.name=gpu-grpo-real", f"model.dtype={args.dtype}",
         f"data.prompts=[{data['train']}]", f"data.eval_prompts=[{data['eval']}]", f"loop.eval_interval={args.eval_every}",
-        f"loop.episodes={args.episodes}", f"loop.rollout_batch_size={args.rollout_prompts}",
+        f"experience.num_generations={generations}", f"loop.episodes={args.episodes}", f"loop.rollout_batch_size={args.rollout_prompts}",
         f"loop.train_batch_size={args.rollout_prompts * generations // 4}", "loop.accumulation_steps=4", "logging.progress=false",
     ])
     report: dict = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
                     "args": {k: str(v) for k, v in vars(args).items()}, "config": cfg.model_dump(mode="json")}
-    began = time.monotonic()
-    before = {"sampled": evaluate_models([start], data["eval"], cfg, args.eval_samples, greedy=False)[0],
-              "greedy": evaluate_models([start], data["eval"], cfg, 1, greedy=True)[0]}
-    report["eval_start_s"] = time.monotonic() - began
-    print("start model:", json.dumps(before), flush=True)
-
     began = time.monotonic()
     run = run_grpo(cfg)
     report["grpo_s"] = time.monotonic() - began

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.utils.data import DataLoader
 
+from olingo.cluster import DistCoordinator
 from olingo.config import load_config
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
 from olingo.errors import OlingoError
@@ -115,11 +115,6 @@ def write_task_data(directory: Path, sizes: RealDemoSizes) -> dict[str, str]:
     return {name: str(directory / f"prompts_{name}.jsonl") for name in files}
 
 
-def inference_device() -> torch.device:
-    """Where evaluation and pair sampling run: the GPU when there is one, as the trainers choose."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def _loader(prompts_file: str, tokenizer: Any, max_prompt_length: int, repeats: int) -> DataLoader:
     prompts = build_prompt_dataset([prompts_file], tokenizer, max_prompt_length)
     prompts.items = prompts.items * repeats  # row i and i + n are the same question
@@ -131,7 +126,7 @@ def evaluate_models(models: Sequence[str], prompts_file: str, cfg: GRPOConfig, s
     (`ends_with_number`), response length, truncation and, when sampling, KL to the first model
     (nats per response), with the same sampling noise for every model (paired comparison)."""
     tokenizer = load_tokenizer(models[0], padding_side="left")
-    start = load_causal_lm(models[0]).to(inference_device()).eval()
+    start = load_causal_lm(models[0]).to(DistCoordinator().device).eval()  # the GPU when there is one, as the trainers
     loader = _loader(prompts_file, tokenizer, cfg.data.max_prompt_length, samples)
     stops = stop_token_ids(tokenizer, models[0])
     settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation.model_copy(update={"do_sample": not greedy}), stops))
@@ -162,7 +157,7 @@ def own_preference_pairs(model_dir: str, prompts_file: str, cfg: GRPOConfig, sam
     or not, rejected). On-policy pairs
     keep DPO's reference likelihoods meaningful (both answers are the reference's own samples)."""
     tokenizer = load_tokenizer(model_dir, padding_side="left")
-    model = load_causal_lm(model_dir).to(inference_device()).eval()
+    model = load_causal_lm(model_dir).to(DistCoordinator().device).eval()
     loader = _loader(prompts_file, tokenizer, cfg.data.max_prompt_length, samples)
     settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation, stop_token_ids(tokenizer, model_dir)))
     maker = _format_scoring_maker(model, None, tokenizer, settings)
