@@ -19,9 +19,9 @@ when freed), where RSS follows the live tensors, the quantity the plan models. A
 the RSS every few milliseconds and keeps the peak of each phase (load, rollout, learn, train,
 save), so the table also says where the peak happened.
 
-Data are written so every sequence has the configured length: preference prompts are long and
-lose their start to `data.max_length`, GRPO prompts are long and lose their start to
-`data.max_prompt_length`, and their last line asks for a long story, so sampled responses
+Data are written so every sequence has the configured length (`data.overlong=truncate`):
+preference prompts are long and lose their start to `data.max_length`, GRPO prompts are long and
+lose their start to `data.max_prompt_length`, and their last line asks for a long story, so sampled responses
 mostly run to `generation.max_new_tokens` (the measured mean response length is reported).
 
     .venv/bin/python bench/plan_memory.py                 # every configuration under both allocators: 25-40 minutes on 2 cores
@@ -50,8 +50,8 @@ WORDS = ("river mountain lantern quiet harbor copper meadow signal winter orchar
          "compass thunder pebble garden ribbon silver canyon whisper marble falcon ember tide").split()
 
 COMMON_SL = ["data.eval=[]", "train.epochs=1", "train.save_interval=0", "train.eval_interval=0"]
-SL_SHAPE = ["data.max_length=128", "train.batch_size=2"]  # 2 pairs = 4 rows of 128 tokens per step
-GRPO_SHAPE = ["data.max_prompt_length=64", "generation.max_new_tokens=32", "experience.num_generations=4", "loop.rollout_batch_size=2",
+SL_SHAPE = ["data.max_length=128", "data.overlong=truncate", "train.batch_size=2"]  # 2 pairs = 4 rows of 128 tokens per step
+GRPO_SHAPE = ["data.max_prompt_length=64", "data.overlong=truncate", "generation.max_new_tokens=32", "experience.num_generations=4", "loop.rollout_batch_size=2",
               "loop.train_batch_size=8", "loop.update_steps=1", "loop.episodes=3", "loop.save_interval=0", "loop.eval_interval=0",
               "loop.accuracy_function=null", "data.eval_prompts=[]", "reward.functions={bench.plan_memory:text_reward: 1.0}"]
 LORA = ["model.lora.r=8", "model.lora.alpha=16"]

@@ -47,6 +47,10 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "max_seq_len": ("max_length",),
     "max_seq_length": ("max_length",),
     "max_prompt_len": ("max_prompt_length",),
+    "truncation_mode": ("overlong",),  # TRL's DPO/SFT
+    "truncation": ("overlong",),
+    "truncate": ("overlong",),
+    "filter_overlong_prompts": ("overlong",),  # verl
     "beta": ("kl_coef",),
     "kl_beta": ("kl_coef",),
     "init_kl_coef": ("kl_coef",),

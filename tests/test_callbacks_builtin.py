@@ -364,7 +364,8 @@ def test_print_metrics_every_n_steps(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "olingo.metrics"]
     steps = [line.split(" |")[0] for line in lines]
     assert steps == ["step 2/5", "eval val @ step 2", "step 4/5", "eval val @ step 4", "step 5/5"]
-    assert "train/loss=0.5" in lines[0]
+    assert lines[0].split(" | ")[1].split()[:4] == ["loss", "0.5", "acc", "0.2"]  # short names, the key metrics only
+    assert lines[1] == "eval val @ step 2 | loss=1"
 
 
 # ---- registry ---------------------------------------------------------------------------------

@@ -186,7 +186,7 @@ def test_synonyms_and_typos_suggest_the_sibling(model, override, section, sugges
 
 def test_no_close_key_lists_the_valid_ones():
     (line,) = problems(RMConfig, ["data.colour=red"])
-    assert line == "data: unknown key 'colour' from the command line 'data.colour=red'; valid keys: eval, max_length, skip_invalid, train"
+    assert line == "data: unknown key 'colour' from the command line 'data.colour=red'; valid keys: eval, max_length, overlong, skip_invalid, train"
 
 
 def test_a_misplaced_section_in_the_file_is_split_into_its_keys(tmp_path):

@@ -247,7 +247,7 @@ def test_save_to_disk_sources(tok: PreTrainedTokenizerFast, tmp_path: Path, hf_l
         {k: datasets.Dataset.from_list(v) for k, v in splits.items()}
     ).save_to_disk(str(tmp_path / "dict"))
     assert list(build_preference_dataset(str(tmp_path / "one"), tok, 64)) == [STRING_ROW_IDS]
-    assert list(build_preference_dataset(str(tmp_path / "dict"), tok, 64)) == [STRING_ROW_IDS]
+    assert list(build_preference_dataset(str(tmp_path / "dict"), tok, 64, split="train")) == [STRING_ROW_IDS]
     test_split = build_preference_dataset(str(tmp_path / "dict"), tok, 64, split="test")
     assert test_split[0]["chosen_input_ids"] == expected_ids("<s>", "U:hi\nA:ok", "</s>")
     with pytest.raises(DataError, match=r"no split 'dev'; the splits are \['test', 'train'\]"):
@@ -450,7 +450,7 @@ def test_unknown_role(tok: PreTrainedTokenizerFast, tmp_path: Path) -> None:
     source = write_jsonl(tmp_path / "pref.jsonl", [row])
     err = build_error(tok, source)
     assert_names(err, source, 1, "prompt[0].role")
-    assert err.reason == "unknown role 'robot' (expected one of: assistant, system, user)"
+    assert err.reason == "unknown role 'robot' (expected one of: assistant, system, tool, user)"
 
 
 def test_unknown_colossal_speaker(tok: PreTrainedTokenizerFast, tmp_path: Path) -> None:
@@ -474,7 +474,9 @@ def test_response_must_open_with_an_assistant_turn(
 def test_too_long_to_fit(tok: PreTrainedTokenizerFast, tmp_path: Path) -> None:
     rows = [STRING_ROW, {"prompt": "hi", "chosen": "yo", "rejected": "abcdefgh"}]
     source = write_jsonl(tmp_path / "pref.jsonl", rows)
-    err = build_error(tok, source, max_length=8)
+    with pytest.raises(DataError) as info:  # row 1 would fit if cut; row 2's response cannot
+        build_preference_dataset(source, tok, max_length=8, overlong="truncate")
+    err = info.value
     assert_names(err, source, 2, "rejected")
     # Response tokens: "abcdefgh" + </s> = 9; prompt: <s> U : h i \n A : = 8.
     assert err.reason.startswith("the response alone is 9 tokens, more than max_length=8")

@@ -173,7 +173,7 @@ def test_conversion_is_an_hf_directory_with_the_same_logits_and_tokenizer(tiny, 
     batch = torch.tensor([ids])
     with torch.no_grad():
         logits = converted(batch).logits
-        torch.testing.assert_close(logits, direct(batch).logits, rtol=0, atol=0)
+        torch.testing.assert_close(logits, direct(batch).logits, rtol=0, atol=0)  # exact: the same float32 weights through the same class and kernels
         torch.testing.assert_close(logits, original(batch).logits, rtol=0, atol=1e-5)  # float32 tensors: lossless
 
 

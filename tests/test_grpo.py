@@ -272,6 +272,7 @@ def test_stop_token_ids_add_the_eos_ids_the_generation_config_names(assets, tok,
     assert stop_token_ids(tok, str(tmp_path)) == [eos]  # no generation_config.json
     no_eos = load_tokenizer(str(assets.model_dir))  # its own copy: the module's `tok` stays as it is
     no_eos.eos_token = None
+    no_eos.chat_template = None  # its template ends turns with `</s>`, which would still stop responses
     with pytest.raises(ModelLoadError, match="neither the tokenizer nor .* names an eos token, so no response would ever end"):
         stop_token_ids(no_eos, str(tmp_path))
 

@@ -424,7 +424,7 @@ def test_ppo_cli_with_a_reward_model_writes_loadable_artifacts_and_report(tmp_pa
     critic = Critic.from_pretrained(str(run_dir / "checkpoints" / "final" / "critic"))
     assert critic(torch.tensor([[2, 5, 20]]), torch.ones(1, 3, dtype=torch.long)).shape == (1, 3)
     assert (run_dir / "metrics.csv").exists() and (run_dir / "perf.json").exists()
-    assert [r["split"] for r in read_jsonl(run_dir / "metrics.jsonl")].count("eval") == 1
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["split"] == "eval"] == [0, 4]  # before training, and the final policy
     report = subprocess.run(olingo_cmd("report", str(run_dir)), capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
     assert {p.name for p in (run_dir / "plots").glob("*.png")} >= {"reward.png", "kl.png", "loss.png"}
@@ -437,26 +437,32 @@ def test_ppo_cli_bad_config_is_exit_2(tmp_path, assets):
 
 
 @pytest.mark.slow
-def test_shortened_demo_raises_the_mean_reward(tmp_path):
-    """The whole demo pipeline, shortened: PPO's mean rollout reward rises."""
+def test_the_demo_reaches_its_documented_conclusions(tmp_path):
+    """`olingo demo` as a user runs it (about 5 minutes on 2 idle cores), checked for its
+    conclusions, not its digits: those are exact only on the same CPU kind, torch build and thread
+    count. Each margin sits below the smallest value measured over seeds and kernel paths
+    (docs/demo.md: several seeds, 1 and 2 threads, ATEN_CPU_CAPABILITY=default, an Intel Xeon)."""
     from olingo.cli.demo import run_demo
 
-    result = run_demo(
-        str(tmp_path),
-        sft_overrides=["train.epochs=30", "logging.progress=false"],
-        rm_overrides=["train.epochs=2", "logging.progress=false"],
-        ppo_overrides=["loop.episodes=60", "loop.eval_interval=0", "loop.save_interval=0", "logging.progress=false"],
-        grpo_overrides=["loop.episodes=20", "loop.eval_interval=0", "loop.save_interval=0", "logging.progress=false"],
-        print_table=False,
-    )
-    rows = [r for r in read_jsonl(tmp_path / "demo-ppo" / "metrics.jsonl") if r["split"] == "train"]
+    r = run_demo(str(tmp_path), print_table=False)
+    # SFT teaches the task: greedy accuracy 0.69-0.82 measured, from 0.
+    assert r.base_greedy < 0.05 and r.sft_greedy > r.base_greedy + 0.5, (r.base_greedy, r.sft_greedy)
+    # The reward model ranks held-out pairs: 0.88-0.95 measured.
+    assert r.rm_pair_accuracy > 0.8, r.rm_pair_accuracy
+    # GRPO, rewarded by the checker, raises sampled accuracy in every run (+0.17 to +0.22 measured).
+    # PPO raises the score of the reward model it is trained on (+1.3 to +2.3 measured), but not
+    # always the checked accuracy (-0.06 to +0.18: it can exploit the reward model's mistakes), so
+    # no PPO accuracy gain is asserted; both move away from the SFT model (KL 0.27 and up).
+    assert r.grpo["accuracy"] > r.before["accuracy"] + 0.1, (r.before["accuracy"], r.grpo["accuracy"])
+    assert r.after["reward"] > r.before["reward"] + 0.5, (r.before["reward"], r.after["reward"])
+    # The SFT row compares the SFT model with itself through the same call: no divergence at all
+    # (a tolerance, not == 0, so an engine that reports its own log-probs would still pass).
+    assert abs(r.before["kl"]) < 1e-6 and r.after["kl"] > 0.05 and r.grpo["kl"] > 0.05, (r.before["kl"], r.after["kl"], r.grpo["kl"])
+    rows = [x for x in read_jsonl(tmp_path / "demo-ppo" / "metrics.jsonl") if x["split"] == "train"]
     first, last = rows[: len(rows) // 4], rows[-len(rows) // 4:]
-    mean = lambda rs: sum(r["rollout/reward_mean"] for r in rs) / len(rs)  # noqa: E731
-    assert mean(last) > mean(first) + 0.1, (mean(first), mean(last))
-    assert result.after["reward"] > result.before["reward"]
-    assert (tmp_path / "demo-ppo" / "plots" / "reward.png").exists()
-    assert set(result.grpo) >= {"accuracy", "kl", "response_length"} and 0 <= result.grpo_greedy <= 1
-    assert result.run_dirs["grpo"].endswith("demo-grpo")
+    mean = lambda rs: sum(x["rollout/reward_mean"] for x in rs) / len(rs)  # noqa: E731
+    assert mean(last) > mean(first) + 0.5, (mean(first), mean(last))  # PPO's rollout reward: +1.6 to +2.5 measured, first to last quarter
+    assert (tmp_path / "demo-ppo" / "plots" / "reward.png").exists() and r.run_dirs["grpo"].endswith("demo-grpo")
 
 
 def test_resumable_sampler_is_used_for_prompts(assets, tok):

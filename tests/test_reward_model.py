@@ -55,7 +55,7 @@ def test_saved_reward_model_reloads_with_identical_scores(rm_dir, tmp_path):
     model.save_pretrained(tmp_path)
     reloaded = RewardModel.from_pretrained(str(tmp_path))
     with torch.no_grad():
-        assert torch.equal(model(ids, mask), reloaded(ids, mask))
+        assert torch.equal(model(ids, mask), reloaded(ids, mask))  # exact: the same computation on the saved weights
 
 
 def test_export_loads_in_transformers_with_the_same_scores(rm_dir, tmp_path):

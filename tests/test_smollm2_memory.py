@@ -28,6 +28,13 @@ from olingo.trainer.callbacks import Callback
 from olingo.trainer.preference import response_logps
 from tests.conftest import read_jsonl
 
+# At step 1 the LoRA policy (B = 0) and its reference are the same function computed along two
+# paths (the policy adds a zero LoRA delta in training mode, the reference runs the base layers
+# alone, at other batch shapes), which BLAS kernels may round differently: the step-1 KL was
+# 8.2e-12 on an Intel Xeon, 2.5e-14 on AMD with MKL_CBWR=COMPATIBLE, 0 with the default kernels.
+# The k3 KL is quadratic in the log-prob gap, so this bound still means log-probs within ~1e-4,
+# while one optimizer step gives a KL 100x above it (tiny model 1.6e-3, SmolLM2 2.1e-4).
+START_KL_BOUND = 1e-8
 IDS = torch.tensor([[5, 17, 30, 41, 12, 9, 3, 22], [7, 3, 22, 8, 40, 2, 11, 60]])
 MASK = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]])
 
@@ -128,11 +135,16 @@ def test_grpo_with_the_adapters_disabled_reference_trains_exactly_as_with_a_full
     assert not held & {id(p) for p in reference.parameters()}
     start = load_file(str(assets.model_dir / "model.safetensors"))
     assert all(torch.equal(p, start[n.replace(".base_layer", "")]) for n, p in reference.named_parameters())  # untouched by training
-    # Same base weights, same ops: the adapters-disabled reference gives the full copy's log-probs,
-    # so both runs log the same numbers; the KL grows as the adapters move away from the base.
+    # Same base weights: the adapters-disabled reference gives the full copy's log-probs, so both
+    # runs log the same numbers up to float32 rounding (they are different modules, which BLAS may
+    # round differently: with MKL_CBWR=COMPATIBLE at most 1e-6 relative, and 1e-13 absolute on the
+    # near-zero KL terms); the KL grows as the adapters move away from the base.
     rows = lambda run: [{k: v for k, v in r.items() if not k.startswith(("time", "perf/"))} for r in read_jsonl(Path(run["run_dir"]) / "metrics.jsonl")]  # noqa: E731
-    assert rows(view) == rows(copy) and len(rows(view)) == 6
-    assert rows(view)[0]["train/kl_loss"] == 0 and rows(view)[-1]["train/kl_loss"] > 0
+    assert len(rows(view)) == len(rows(copy)) == 6
+    for mine, theirs in zip(rows(view), rows(copy)):
+        assert mine.keys() == theirs.keys()
+        assert mine == {k: pytest.approx(v, rel=1e-4, abs=1e-9) if isinstance(v, float) else v for k, v in theirs.items()}
+    assert abs(rows(view)[0]["train/kl_loss"]) < START_KL_BOUND and rows(view)[-1]["train/kl_loss"] > 100 * START_KL_BOUND
     final = Path(view["run_dir"]) / "checkpoints" / "final"
     assert sorted(p.name for p in final.iterdir() if p.is_dir()) == ["actor"]  # no reference is saved
 
@@ -252,9 +264,10 @@ def test_grpo_and_dpo_train_smollm2_with_gradient_checkpointing_and_lora(stage, 
     assert all(math.isfinite(r[loss_key]) for r in train)
     # The reference is the start model: equal to the policy at step 1, apart at step 2.
     if stage == "grpo":
-        assert train[0]["train/kl_loss"] == 0 and train[1]["train/kl_loss"] > 0
-    else:  # margin 0 at the start: DPO's loss is exactly log 2
-        assert train[0]["train/loss"] == pytest.approx(math.log(2), abs=1e-6) and train[1]["train/loss"] != pytest.approx(math.log(2), abs=1e-6)
+        assert abs(train[0]["train/kl_loss"]) < START_KL_BOUND and train[1]["train/kl_loss"] > 100 * START_KL_BOUND
+    else:  # margin 0 at the start: DPO's loss is log 2, up to beta/2 (0.25) x the margin's rounding (policy and
+        # reference log-prob sums along two paths, ~1e-5 apart at most); one step takes it to ~0.40
+        assert train[0]["train/loss"] == pytest.approx(math.log(2), abs=1e-4) and train[1]["train/loss"] < math.log(2) - 0.05
     # The export is a plain Hugging Face model (adapters merged) whose weights moved; the adapters are kept apart for resume.
     start, trained = load_file(str(Path(smollm2) / "model.safetensors")), load_file(str(export / "model.safetensors"))
     assert trained.keys() == start.keys() and not [k for k in trained if "lora_" in k]

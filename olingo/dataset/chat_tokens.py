@@ -4,16 +4,21 @@ The chat template decides every special token (bos, turn markers, eos), so nothi
 adds special tokens of its own: ``apply_chat_template`` tokenises the rendered text with
 ``add_special_tokens=False``, which keeps the template's bos from being doubled.
 
-A turn ends at its end-of-turn token: the last eos token (``tokenizer.eos_token_id``, the token
-rollouts stop on) among the turn's tokens. Text a template writes after it (ChatML's newline
-after ``<|im_end|>``) is formatting the model never generates, so loss masks and response ids
-stop before it. A template whose turns hold no eos token keeps its turns whole.
+A turn ends at its end-of-turn token: the last of the tokens rollouts stop on (``turn_stop_ids``:
+the eos token and the token the chat template closes an assistant turn with, e.g. Gemma's
+``<end_of_turn>``, which is not its eos) among the turn's tokens. Text a template writes after it
+(the newline after ChatML's ``<|im_end|>`` or Gemma's ``<end_of_turn>``) is formatting the model
+never generates, so loss masks and response ids stop before it. A template whose turns hold no
+such token keeps its turns whole.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
+
+from jinja2 import TemplateError
 
 from olingo.dataset.messages import Message
 from olingo.errors import OlingoError
@@ -31,8 +36,9 @@ def require_chat_template(tokenizer: Any) -> None:
     where = f" at '{name}'" if name else ""
     raise ChatTemplateError(
         f"the tokenizer{where} has no chat template (tokenizer.chat_template is None), and olingo "
-        "renders every data row with it: set model.tokenizer to a tokenizer that has one, or put a "
-        "chat template in the model directory (chat_template.jinja, or 'chat_template' in tokenizer_config.json)"
+        "renders every data row with it: set model.chat_template (a template string or a .jinja file), set "
+        "model.tokenizer to a tokenizer that has one, or put a chat template in the model directory "
+        "(chat_template.jinja, or 'chat_template' in tokenizer_config.json)"
     )
 
 
@@ -86,15 +92,69 @@ def split_prompt_response(
 
 
 def turn_end(tokenizer: Any, ids: list[int], start: int, end: int) -> int:
-    """Where the turn held by ``ids[start:end]`` ends: just after its last eos token, or
-    ``end`` when it holds none (a template without an end-of-turn eos, or no eos at all)."""
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if eos is None:
-        return end
+    """Where the turn held by ``ids[start:end]`` ends: just after its last stop token
+    (``turn_stop_ids``), or ``end`` when it holds none (a template that ends turns with plain
+    text, or a tokenizer with neither eos nor an end-of-turn token)."""
+    stops = set(turn_stop_ids(tokenizer))
     for position in range(end - 1, start - 1, -1):
-        if ids[position] == eos:
+        if ids[position] in stops:
             return position + 1
     return end
+
+
+def turn_stop_ids(tokenizer: Any) -> list[int]:
+    """The tokens that end a response: the tokenizer's eos, then the chat template's
+    end-of-turn token when it is another one (``end_of_turn_token_ids``)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    ids = [] if eos is None else [eos]
+    return ids + [token for token in end_of_turn_token_ids(tokenizer) if token not in ids]
+
+
+# A distinctive assistant text: no template alters it, and no tokenizer merges it with what follows.
+_PROBE = "olingo end-of-turn probe"
+# tokenizer -> (the chat template read, its end-of-turn ids): reading renders the template once
+# per tokenizer instead of once per data row, and again only when its template is replaced.
+_END_OF_TURN: weakref.WeakKeyDictionary[Any, tuple[str, list[int]]] = weakref.WeakKeyDictionary()
+
+
+def end_of_turn_token_ids(tokenizer: Any) -> list[int]:
+    """The special token the chat template closes an assistant turn with, as a one-id list,
+    or [] when there is none (no template, or turns that end in plain text).
+
+    Read by rendering [user, assistant "<probe>"] and taking the first token after the probe
+    text, skipping whitespace (Llama-2 writes " </s>"): Gemma's ``<end_of_turn>``, ChatML's
+    ``<|im_end|>``, Llama-3's ``<|eot_id|>``, Phi-3's ``<|end|>``. Instruct models do not
+    always list it as an eos id (a GGUF file names one eos; Gemma's is ``<eos>``), yet the model
+    ends every answer with it, so rollouts must stop there (docs/real-models.md).
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return []
+    cached = _END_OF_TURN.get(tokenizer)
+    if cached is None or cached[0] != template:
+        cached = (template, _read_end_of_turn(tokenizer))
+        _END_OF_TURN[tokenizer] = cached
+    return list(cached[1])
+
+
+def _read_end_of_turn(tokenizer: Any) -> list[int]:
+    """`end_of_turn_token_ids`, uncached."""
+    conversation = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _PROBE}]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    except (TemplateError, ValueError, TypeError, KeyError, IndexError):
+        return []  # a template that refuses this conversation: rendering data rows will say why
+    at = text.rfind(_PROBE) if isinstance(text, str) else -1
+    if at < 0:
+        return []
+    special = set(tokenizer.all_special_ids)
+    special |= {token for token, added in getattr(tokenizer, "added_tokens_decoder", {}).items() if added.special}
+    for token in tokenizer.encode(text[at + len(_PROBE):], add_special_tokens=False):
+        if token in special:
+            return [token]
+        if tokenizer.decode([token]).strip():
+            return []  # plain text closes the turn
+    return []
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:

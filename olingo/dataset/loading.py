@@ -8,16 +8,23 @@ Source kinds, chosen by what ``source`` names:
 - ``*.jsonl``: one JSON object per line, parsed here line by line; blank lines are skipped.
 - ``*.json``: a list of objects, or an object holding that list under the key ``split``
   (when given) or else under ``"data"`` or ``"train"``.
-- ``*.parquet``: read with ``datasets``; ``split`` does not apply to a single file.
+- ``*.parquet``: read with ``datasets``.
 - a directory written by ``datasets.Dataset.save_to_disk`` (or ``DatasetDict``, then
-  ``split`` picks the split, default ``"train"``).
-- anything else: ``datasets.load_dataset(source, split=split or "train")``, which covers
-  Hub dataset ids and local directories of data files.
+  ``split`` picks the split).
+- anything else: ``datasets.load_dataset(source, split=split)``, which covers Hub dataset ids
+  and local directories of data files.
+
+A split is named by ``split`` or by a suffix, ``source@split`` (``data/saved@test``,
+``org/name@validation``; docs/data.md): ``@`` appears in no Hub id and no split name, and unlike
+``:`` it is no Windows drive or ``builtin:`` prefix. A source that exists as written is taken
+whole. A source with several splits and none named is an error listing them (a single split is
+used); a single file (JSONL, Parquet) or a saved ``Dataset`` has no splits to name.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +36,9 @@ RawRow = tuple[int, dict[str, Any]]
 RowOrError = tuple[int, dict[str, Any] | DataError]
 
 _JSON_LIST_KEYS = ("data", "train")
+SPLIT_SEPARATOR = "@"
+# The names `datasets` allows for splits (datasets.splits), so every real split can be written.
+_SPLIT_NAME = re.compile(r"\w+(\.\w+)*")
 
 # `datasets` is imported inside the functions that use it: importing it takes about a
 # second, and JSON/JSONL users never need it.
@@ -57,10 +67,14 @@ def iter_rows_or_errors(source: str, split: str | None = None) -> Iterator[RowOr
     Whole-source problems (missing file, unreadable JSON document, unknown split) still
     raise, and they do so at once rather than on the first ``next``.
     """
-    path = Path(source).expanduser()
+    location, split = _source_and_split(source, split)
+    path = Path(location).expanduser()
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".parquet") and not path.is_file():
         raise DataError(source, None, None, "no such file")
+    if split is not None and suffix in (".jsonl", ".parquet"):
+        reason = f"a {suffix} file has no splits (drop '{SPLIT_SEPARATOR}{split}'); splits belong to saved DatasetDicts, .json objects and hub datasets"
+        raise DataError(source, None, None, reason)
     if suffix == ".jsonl":
         return _jsonl_rows(source, path)
     if suffix == ".json":
@@ -69,7 +83,39 @@ def iter_rows_or_errors(source: str, split: str | None = None) -> Iterator[RowOr
         return _check_objects(source, enumerate(_load_parquet(source, path), start=1))
     if path.is_dir() and _is_saved_dataset(path):
         return _check_objects(source, enumerate(_load_saved(source, path, split), start=1))
-    return _check_objects(source, enumerate(_load_with_datasets(source, split), start=1))
+    return _check_objects(source, enumerate(_load_with_datasets(source, location, split), start=1))
+
+
+def split_source(source: str) -> tuple[str, str | None]:
+    """``(location, split)`` of ``location@split``; ``(source, None)`` when there is no such
+    suffix, or when ``source`` exists as written (a file or directory whose name holds an @)."""
+    location, separator, split = source.rpartition(SPLIT_SEPARATOR)
+    if not separator or not location or not _SPLIT_NAME.fullmatch(split) or Path(source).expanduser().exists():
+        return source, None
+    return location, split
+
+
+def _source_and_split(source: str, split: str | None) -> tuple[str, str | None]:
+    """The location to read and the split to pick: the ``@split`` suffix or ``split``; both,
+    naming different splits, is an error."""
+    location, named = split_source(source)
+    if named is not None and split is not None and named != split:
+        raise DataError(source, None, None, f"the name picks split '{named}' but split='{split}' was also given")
+    return location, named or split
+
+
+def pick_split(source: str, splits: list[str], split: str | None) -> str:
+    """The split to read: ``split`` when it exists, the only one when there is one, else an error
+    listing them (reading 'train' silently would evaluate on the training rows)."""
+    names = sorted(splits)
+    if split is not None:
+        if split not in splits:
+            raise DataError(source, None, None, f"no split '{split}'; the splits are {names}")
+        return split
+    if len(names) == 1:
+        return names[0]
+    examples = " or ".join(f"'{source}{SPLIT_SEPARATOR}{name}'" for name in names[:2])
+    raise DataError(source, None, None, f"has several splits, {names}: pick one, e.g. {examples} (docs/data.md)")
 
 
 def _utf8_error(source: str, row: int | None, err: UnicodeDecodeError, line_start: int) -> DataError:
@@ -124,6 +170,10 @@ def _row_list(source: str, document: Any, split: str | None) -> list[Any]:
     if isinstance(document, list):
         return document
     keys = (split,) if split else _JSON_LIST_KEYS
+    if isinstance(document, dict) and not split:
+        lists = [key for key, value in document.items() if isinstance(value, list)]
+        if len(lists) > 1:
+            pick_split(source, lists, None)  # several lists of rows: which is meant is unsaid
     if isinstance(document, dict):
         for key in keys:
             if isinstance(document.get(key), list):
@@ -164,24 +214,24 @@ def _load_parquet(source: str, path: Path) -> Any:
 
 
 def _load_saved(source: str, path: Path, split: str | None) -> Any:
-    """A dataset saved with ``save_to_disk``; for a DatasetDict, its ``split`` (default train)."""
+    """A dataset saved with ``save_to_disk``; for a DatasetDict, the split ``pick_split`` picks."""
     import datasets
 
     loaded = datasets.load_from_disk(str(path))
     if not isinstance(loaded, datasets.DatasetDict):
+        if split is not None:
+            raise DataError(source, None, None, f"a saved Dataset has no splits (drop '{SPLIT_SEPARATOR}{split}'); only a saved DatasetDict has")
         return loaded
-    name = split or "train"
-    if name not in loaded:
-        raise DataError(source, None, None, f"no split '{name}'; the splits are {sorted(loaded)}")
-    return loaded[name]
+    return loaded[pick_split(source, list(loaded), split)]
 
 
-def _load_with_datasets(source: str, split: str | None) -> Any:
-    """``datasets.load_dataset(source)``: a Hub id, or a local directory of data files."""
+def _load_with_datasets(source: str, location: str, split: str | None) -> Any:
+    """``datasets.load_dataset(location)``: a Hub id, or a local directory of data files; with
+    no split named, every split is loaded and ``pick_split`` chooses (or lists them)."""
     import datasets
 
     try:
-        return datasets.load_dataset(source, split=split or "train")
+        loaded = datasets.load_dataset(location, split=split)
     except (OSError, ValueError) as exc:
         # DatasetNotFoundError and the offline/connection errors are OSErrors; a wrong
         # split is a ValueError. Say plainly that the name was not a local file either.
@@ -190,3 +240,6 @@ def _load_with_datasets(source: str, split: str | None) -> Any:
             f"datasets.load_dataset could not load it: {exc}"
         )
         raise DataError(source, None, None, reason) from exc
+    if isinstance(loaded, datasets.DatasetDict):
+        return loaded[pick_split(source, list(loaded), None)]
+    return loaded

@@ -7,6 +7,10 @@ Accepted row formats, told apart by their keys:
     ``{"role", "content"}`` messages (a string in any of them is one message); without
     ``prompt``, chosen and rejected are full conversations and their shared opening turns
     are the prompt (TRL's implicit prompt);
+(b') TRL's implicit-prompt text rows, ``{"chosen": str, "rejected": str}``: the prompt is the
+    longest common prefix of the two strings, less a space right before the point where they
+    differ (that space starts both responses), exactly as TRL's ``extract_prompt`` cuts them;
+    it is then one user turn and each rest one assistant turn, as in (a);
 (c) ColossalChat's rows: ``context`` holds the prompt as ``{"from", "content"}`` messages
     (from: human/user, gpt/assistant, system), ``chosen``/``rejected`` the responses.
 """
@@ -23,7 +27,15 @@ from olingo.dataset.chat_tokens import (
     left_truncate,
     split_prompt_response,
 )
-from olingo.dataset.messages import Message, RowRef, missing_reason, parse_turns
+from olingo.dataset.limits import LengthLimit, OverlongRowError, as_limit
+from olingo.dataset.messages import (
+    Message,
+    RowRef,
+    has_text_or_tool_calls,
+    missing_reason,
+    parse_turns,
+)
+from olingo.dataset.tool_turns import check_tool_calls_rendered
 
 _RESPONSE_SIDES = ("chosen", "rejected")
 
@@ -93,8 +105,10 @@ def _parse_implicit(raw: dict[str, Any], ref: RowRef) -> tuple[list[Message], ..
     """Format (b) without ``prompt``: the shared opening turns of two full conversations."""
     chosen_raw = require_field(raw, "chosen", ref)
     rejected_raw = require_field(raw, "rejected", ref)
+    if isinstance(chosen_raw, str) and isinstance(rejected_raw, str):
+        return _parse_implicit_text(chosen_raw, rejected_raw, ref)
     if isinstance(chosen_raw, str) or isinstance(rejected_raw, str):
-        reason = f"{missing_reason(raw)}; without it chosen and rejected must be full conversations"
+        reason = f"{missing_reason(raw)}; without it chosen and rejected must be both strings or both full conversations"
         raise ref.error("prompt", reason)
     chosen = parse_turns(chosen_raw, "chosen", ref, role_key="role", string_role="assistant")
     rejected = parse_turns(rejected_raw, "rejected", ref, role_key="role", string_role="assistant")
@@ -105,6 +119,33 @@ def _parse_implicit(raw: dict[str, Any], ref: RowRef) -> tuple[list[Message], ..
     for side, turns in (("chosen", chosen), ("rejected", rejected)):
         check_response(turns[shared:], side, ref, role_key="role", first_index=shared)
     return chosen[:shared], chosen[shared:], rejected[shared:]
+
+
+def _parse_implicit_text(chosen_raw: str, rejected_raw: str, ref: RowRef) -> tuple[list[Message], ...]:
+    """Format (b'): two strings whose longest common prefix is the prompt (``extract_text_prompt``)."""
+    if chosen_raw == rejected_raw:
+        raise ref.error("rejected", "the same text as chosen: no pair to learn from")
+    prompt, chosen, rejected = extract_text_prompt(chosen_raw, rejected_raw)
+    if not prompt.strip():
+        raise ref.error("prompt", "missing, and chosen and rejected share no opening text to take as the prompt")
+    responses = []
+    for side, text in (("chosen", chosen), ("rejected", rejected)):
+        turns = [{"role": "assistant", "content": text}]
+        check_response(turns, side, ref, role_key="role", first_index=None)
+        responses.append(turns)
+    return [{"role": "user", "content": prompt}], *responses
+
+
+def extract_text_prompt(chosen: str, rejected: str) -> tuple[str, str, str]:
+    """(prompt, chosen rest, rejected rest): the prompt is the longest common prefix, less a
+    space just before the first difference, which goes to both rests. This is TRL's
+    ``extract_prompt`` (trl/data_utils.py) for strings, so rows split as in TRL's trainers."""
+    cut = 0
+    while cut < min(len(chosen), len(rejected)) and chosen[cut] == rejected[cut]:
+        cut += 1
+    if 0 < cut < min(len(chosen), len(rejected)) and chosen[cut - 1] == " ":
+        cut -= 1
+    return chosen[:cut], chosen[cut:], rejected[cut:]
 
 
 def implicit_prompt_length(chosen: list[Message], rejected: list[Message]) -> int:
@@ -145,12 +186,12 @@ def check_response(
         reason = f"a response must start with an assistant turn, got '{turns[0]['role']}'"
         raise ref.error(where(0, role_key), reason)
     for i, turn in enumerate(turns):
-        if turn["role"] == "assistant" and not turn["content"].strip():
+        if turn["role"] == "assistant" and not has_text_or_tool_calls(turn):
             raise ref.error(where(i, "content"), "empty response (blank or whitespace only)")
 
 
 def tokenize_preference(
-    example: PreferenceExample, tokenizer: Any, max_length: int
+    example: PreferenceExample, tokenizer: Any, max_length: int | LengthLimit
 ) -> dict[str, list[int]]:
     """Token ids and loss masks of both sides of ``example``, each at most ``max_length`` long.
 
@@ -159,18 +200,20 @@ def tokenize_preference(
     response, the response ending at its end-of-turn token (``split_prompt_response``), as
     a rollout does; its loss mask (same length, 0/1) is 1 exactly on the response's assistant
     turns (content and end-of-turn token) and 0 on the prompt and on any other turn. A side
-    longer than ``max_length`` loses tokens from its start (the prompt's beginning), ids and
-    mask alike; a response that alone exceeds ``max_length`` cannot fit and raises DataError
-    naming the side.
+    longer than the limit is an error when ``max_length`` is a LengthLimit whose ``overlong`` is
+    "error" (or "skip"); with a plain int (or "truncate") it loses tokens from its start (the
+    prompt's beginning), ids and mask alike. A response that alone exceeds the limit cannot fit
+    and raises DataError naming the side.
     """
-    ref = RowRef(example.source or "<data>", example.row)
+    limit, ref = as_limit(max_length), RowRef(example.source or "<data>", example.row)
     item: dict[str, list[int]] = {}
     for side in _RESPONSE_SIDES:
         prompt_ids, response_ids, response_mask = tokenize_prompt_response(
-            example.prompt, getattr(example, side), side, tokenizer, max_length, ref
+            example.prompt, getattr(example, side), side, tokenizer, limit, ref
         )
+        limit.check(len(prompt_ids) + len(response_ids), ref, side, f"the prompt + {side} (chat template included)")
         ids, mask = left_truncate(
-            prompt_ids + response_ids, [0] * len(prompt_ids) + response_mask, max_length
+            prompt_ids + response_ids, [0] * len(prompt_ids) + response_mask, limit.max_length
         )
         item[f"{side}_input_ids"], item[f"{side}_loss_mask"] = ids, mask
     return item
@@ -181,16 +224,18 @@ def tokenize_prompt_response(
     response: list[Message],
     field: str,
     tokenizer: Any,
-    max_length: int,
+    max_length: int | LengthLimit,
     ref: RowRef,
 ) -> tuple[list[int], list[int], list[int]]:
     """(prompt ids, response ids, response loss mask), untruncated.
 
     The mask is aligned with the response ids (see ``assistant_token_mask``). Raises
-    DataError naming ``field`` when the chat template rejects the conversation or the
-    response alone is longer than ``max_length``.
+    DataError naming ``field`` when the chat template rejects the conversation (or ignores
+    its tool calls) or the response alone is longer than ``max_length``.
     """
+    limit = as_limit(max_length)
     try:
+        check_tool_calls_rendered(tokenizer, prompt + response, ref, field, start=len(prompt))
         prompt_ids, response_ids = split_prompt_response(tokenizer, prompt, response)
         ids = prompt_ids + response_ids
         mask = assistant_token_mask(tokenizer, prompt + response, ids, first_turn=len(prompt))
@@ -198,10 +243,10 @@ def tokenize_prompt_response(
         # Templates reject some conversations themselves (e.g. a system turn, or roles
         # that do not alternate) with raise_exception: that is a data problem too.
         raise ref.error(field, f"the chat template rejected this conversation: {exc}") from exc
-    if len(response_ids) > max_length:
+    if len(response_ids) > limit.max_length:
         reason = (
-            f"the response alone is {len(response_ids)} tokens, more than max_length={max_length} "
-            f"(the prompt before it is {len(prompt_ids)} tokens); cutting the prompt cannot make it fit"
+            f"the response alone is {len(response_ids)} tokens, more than {limit.key}={limit.max_length} "
+            f"(the prompt before it is {len(prompt_ids)} tokens); cutting the prompt cannot make it fit: raise {limit.key}"
         )
-        raise ref.error(field, reason)
+        raise OverlongRowError(ref.source, ref.row, field, reason)
     return prompt_ids, response_ids, mask[len(prompt_ids) :]

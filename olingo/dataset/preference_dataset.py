@@ -10,6 +10,7 @@ from torch.utils.data import Dataset
 
 from olingo.dataset.chat_tokens import require_chat_template
 from olingo.dataset.errors import DataError
+from olingo.dataset.limits import LengthLimit, Overlong, OverlongRowError, as_limit
 from olingo.dataset.loading import iter_rows_or_errors
 from olingo.dataset.preference import parse_preference_row, tokenize_preference
 
@@ -47,6 +48,8 @@ def build_preference_dataset(
     *,
     skip_invalid: bool = False,
     split: str | None = None,
+    overlong: Overlong = "error",
+    length_key: str = "max_length",
 ) -> PreferenceDataset:
     """Load, validate and tokenise every row of ``sources`` (see ``load_raw_rows``).
 
@@ -54,70 +57,88 @@ def build_preference_dataset(
     ``skip_invalid=False`` the first bad row raises its DataError; with ``True`` bad rows
     are left out, counted in ``num_skipped`` and reported in one warning per source.
     A source that cannot be read at all always raises, and so does ending with no rows.
+    A side (prompt + response) longer than ``max_length`` is an error naming ``length_key``
+    unless ``overlong`` is "truncate" (the prompt loses its start) or "skip".
     """
+    limit = LengthLimit(max_length, length_key, overlong)
 
     def make_item(source: str, row: int, raw: dict[str, Any]) -> PreferenceItem:
-        return tokenize_preference(parse_preference_row(raw, source, row), tokenizer, max_length)
+        return tokenize_preference(parse_preference_row(raw, source, row), tokenizer, limit)
 
-    items, num_skipped = tokenize_sources(sources, tokenizer, max_length, make_item, skip_invalid=skip_invalid, split=split, kind="preference")
+    items, num_skipped = tokenize_sources(sources, tokenizer, limit, make_item, skip_invalid=skip_invalid, split=split, kind="preference")
     return PreferenceDataset(items, num_skipped=num_skipped)
 
 
 def tokenize_sources(
     sources: str | list[str],
     tokenizer: Any,
-    max_length: int,
+    max_length: int | LengthLimit,
     make_item: Callable[[str, int, dict[str, Any]], dict[str, list[int]]],
     *,
     skip_invalid: bool,
     split: str | None,
     kind: str,
+    needs_template: bool = True,
 ) -> tuple[list[dict[str, list[int]]], int]:
     """Run ``make_item(source, row, raw)`` on every row of every source; the shared
     validate-everything-first loop of the preference, SFT and prompt datasets. A tokenizer
-    without a chat template is refused (`ChatTemplateError`) before any data is read."""
+    without a chat template is refused (`ChatTemplateError`) before any data is read, unless
+    ``needs_template`` is False (SFT's ``text`` rows need none; a conversation then raises it).
+    Rows ``make_item`` finds too long (OverlongRowError) are left out under ``overlong="skip"``
+    and counted apart from invalid rows; the returned count is of both."""
     source_list = [sources] if isinstance(sources, str) else list(sources)
-    _check_arguments(source_list, tokenizer, max_length)
+    limit = as_limit(max_length)
+    _check_arguments(source_list, tokenizer, limit.max_length, needs_template)
     items: list[dict[str, list[int]]] = []
-    num_skipped = 0
+    num_skipped = num_overlong = 0
     for source in source_list:
-        kept, errors = _tokenize_source(source, make_item, skip_invalid, split)
+        kept, errors, overlong = _tokenize_source(source, make_item, skip_invalid, split, limit.overlong == "skip")
         if errors:
             _warn_skipped(source, errors, len(kept))
         items.extend(kept)
         num_skipped += len(errors)
+        num_overlong += overlong
+    limit.log_summary(kind, num_overlong)
     if not items:
         detail = f"all {num_skipped} rows are invalid" if num_skipped else "the data is empty"
+        if num_overlong:
+            detail = f"all {num_overlong + num_skipped} rows are longer than {limit.key}={limit.max_length} or invalid"
         raise DataError(", ".join(source_list), None, None, f"no usable {kind} rows: {detail}")
     logger.info("%s data: %d rows (%d invalid rows skipped)", kind, len(items), num_skipped)
-    return items, num_skipped
+    return items, num_skipped + num_overlong
 
 
-def _check_arguments(sources: list[str], tokenizer: Any, max_length: int) -> None:
+def _check_arguments(sources: list[str], tokenizer: Any, max_length: int, needs_template: bool = True) -> None:
     """Fail on caller mistakes before reading any data."""
     if not sources:
         raise ValueError("build_preference_dataset needs at least one source")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
         raise ValueError(f"max_length must be a positive integer, got {max_length!r}")
-    require_chat_template(tokenizer)
+    if needs_template:
+        require_chat_template(tokenizer)
 
 
 def _tokenize_source(
-    source: str, make_item: Callable, skip_invalid: bool, split: str | None
-) -> tuple[list[dict[str, list[int]]], list[DataError]]:
-    """Items of one source, and the row errors skipped when ``skip_invalid``."""
+    source: str, make_item: Callable, skip_invalid: bool, split: str | None, skip_overlong: bool = False
+) -> tuple[list[dict[str, list[int]]], list[DataError], int]:
+    """Items of one source, the row errors skipped when ``skip_invalid``, and how many rows were
+    left out for their length when ``skip_overlong``."""
     kept: list[dict[str, list[int]]] = []
     errors: list[DataError] = []
+    overlong = 0
     for row, raw in iter_rows_or_errors(source, split):
         try:
             if isinstance(raw, DataError):  # the loader already rejected this row
                 raise raw
             kept.append(make_item(source, row, raw))
         except DataError as err:
-            if not skip_invalid:
+            if skip_overlong and isinstance(err, OverlongRowError):
+                overlong += 1
+            elif skip_invalid:
+                errors.append(err)
+            else:
                 raise
-            errors.append(err)
-    return kept, errors
+    return kept, errors, overlong
 
 
 def _warn_skipped(source: str, errors: list[DataError], num_kept: int) -> None:

@@ -1,15 +1,19 @@
 """Prompt data for rollouts: conversations -> prompt token ids (ending with the generation
 prompt) plus an optional ground-truth answer for verifiable rewards.
 
-Accepted rows:
+Accepted rows (docs/data.md):
     {"prompt": str | messages, "gt_answer": str?}
     {"messages": [{"role", "content"}, ...], "gt_answer": str?}     (a trailing assistant turn is dropped)
     {"messages": [{"from", "content"}, ...]}                           (ColossalChat)
+Messages may hold tool turns and assistant tool_calls (an agent's history); a prompt ends with a
+user, system or tool turn, after which the policy answers.
 `gt_answer` may also be spelled `answer`; numbers are accepted and turned into strings.
 Every prompt ends with the chat template's generation prompt (ChatML: `<|im_start|>assistant` and a newline)
 and holds what the template adds in front (a default system prompt), exactly the tokens an SFT
 or preference row's response is conditioned on for the same messages.
-Prompts longer than max_length keep their end (the question and the generation prompt).
+A prompt longer than max_length is an error naming the file, the row, its length and the key to
+raise, unless ``overlong`` is "truncate" (it keeps its end: the question and the generation prompt)
+or "skip"; both log how many rows they touched (olingo.dataset.limits).
 Every other field of a row (e.g. `{"prompt": ..., "tests": [...], "difficulty": 3}`) travels
 with the item, untouched, and comes out of `PromptCollator` as `batch["row_fields"]`, one list
 of B values per field, for reward functions (olingo.models.rewards).
@@ -21,19 +25,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from jinja2.exceptions import TemplateError
 from torch.utils.data import Dataset
 
 from olingo.dataset.chat_tokens import encode_chat
 from olingo.dataset.errors import type_name
+from olingo.dataset.limits import LengthLimit, Overlong
 from olingo.dataset.messages import RowRef, missing_reason, parse_messages_field, parse_turns
 from olingo.dataset.preference_dataset import tokenize_sources
+from olingo.dataset.tool_turns import check_tool_calls_rendered
 
 ANSWER_KEYS = ("gt_answer", "answer")
 PROMPT_KEYS = ("prompt", "messages", *ANSWER_KEYS)  # read by parse_prompt_row: not row fields
 
 
-def parse_prompt_row(raw: dict[str, Any], source: str = "<data>", row: int | None = None) -> tuple[list[dict[str, str]], str | None]:
-    """(messages ending with a user/system turn, gt_answer or None); DataError on bad rows."""
+def parse_prompt_row(raw: dict[str, Any], source: str = "<data>", row: int | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """(messages ending with a user/system/tool turn, gt_answer or None); DataError on bad rows."""
     ref = RowRef(source, row)
     if raw.get("messages") is not None:
         messages = parse_messages_field(raw, ref)
@@ -46,7 +53,7 @@ def parse_prompt_row(raw: dict[str, Any], source: str = "<data>", row: int | Non
     else:
         raise ref.error("prompt", f"{missing_reason(raw)}; expected 'prompt' or 'messages'")
     if not messages or messages[-1]["role"] == "assistant":
-        raise ref.error(field, "a prompt must end with a user or system turn")
+        raise ref.error(field, "a prompt must end with a user, system or tool turn")
     return messages, _answer(raw, ref)
 
 
@@ -81,16 +88,27 @@ class PromptDataset(Dataset):
 
 
 def build_prompt_dataset(
-    sources: str | list[str], tokenizer: Any, max_length: int, *, skip_invalid: bool = False, split: str | None = None
+    sources: str | list[str], tokenizer: Any, max_length: int, *, skip_invalid: bool = False, split: str | None = None,
+    overlong: Overlong = "error", length_key: str = "max_length",
 ) -> PromptDataset:
-    """Validate and tokenise every prompt up front (errors name file, row and field)."""
+    """Validate and tokenise every prompt up front (errors name file, row and field). A prompt
+    longer than ``max_length`` tokens (chat template and generation prompt included) is an error
+    naming ``length_key`` unless ``overlong`` is "truncate" (keep its end) or "skip"."""
+    limit = LengthLimit(max_length, length_key, overlong)
 
     def make_item(source: str, row: int, raw: dict[str, Any]) -> dict[str, Any]:
         messages, answer = parse_prompt_row(raw, source, row)
-        ids = encode_chat(tokenizer, messages, add_generation_prompt=True)
-        return {"input_ids": ids[-max_length:], "gt_answer": answer, "row_fields": extra_fields(raw)}
+        ref, field = RowRef(source, row), "messages" if raw.get("messages") is not None else "prompt"
+        try:
+            check_tool_calls_rendered(tokenizer, messages, ref, field)
+            ids = encode_chat(tokenizer, messages, add_generation_prompt=True)
+        except TemplateError as exc:
+            raise ref.error(field, f"the chat template rejected this conversation: {exc}") from exc
+        if limit.check(len(ids), ref, field, "the prompt (chat template and generation prompt included)"):
+            ids = ids[-max_length:]
+        return {"input_ids": ids, "gt_answer": answer, "row_fields": extra_fields(raw)}
 
-    items, skipped = tokenize_sources(sources, tokenizer, max_length, make_item, skip_invalid=skip_invalid, split=split, kind="prompt")
+    items, skipped = tokenize_sources(sources, tokenizer, limit, make_item, skip_invalid=skip_invalid, split=split, kind="prompt")
     return PromptDataset(items, num_skipped=skipped)
 
 

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 from olingo.dataset.chat_tokens import left_truncate
 from olingo.dataset.collator import check_pad_token_id, length_mask, pad_rows, stack_ref_fields
 from olingo.dataset.errors import DataError, type_name
+from olingo.dataset.limits import LengthLimit, Overlong, as_limit
 from olingo.dataset.messages import Message, RowRef, missing_reason, parse_turns
 from olingo.dataset.preference import (
     check_response,
@@ -91,18 +92,21 @@ def _parse_label(raw: dict[str, Any], ref: RowRef) -> bool:
     return label
 
 
-def tokenize_unpaired(example: UnpairedExample, tokenizer: Any, max_length: int) -> UnpairedItem:
+def tokenize_unpaired(example: UnpairedExample, tokenizer: Any, max_length: int | LengthLimit) -> UnpairedItem:
     """``{"prompt_ids", "completion_ids", "completion_mask", "label"}`` for ``example``.
 
     ``completion_mask`` is aligned with ``completion_ids`` (1 on assistant-turn tokens).
-    When prompt + completion exceed ``max_length`` the prompt loses tokens from its start;
-    a completion that alone exceeds it raises DataError naming the completion's field.
+    When prompt + completion exceed the limit, a LengthLimit applies its ``overlong`` rule; a
+    plain int (or "truncate") cuts tokens from the prompt's start. A completion that alone
+    exceeds it raises DataError naming the completion's field.
     """
-    ref = RowRef(example.source or "<data>", example.row)
+    limit, ref = as_limit(max_length), RowRef(example.source or "<data>", example.row)
     prompt_ids, completion_ids, completion_mask = tokenize_prompt_response(
-        example.prompt, example.completion, example.completion_field, tokenizer, max_length, ref
+        example.prompt, example.completion, example.completion_field, tokenizer, limit, ref
     )
-    cut = max(0, len(prompt_ids) + len(completion_ids) - max_length)
+    length = len(prompt_ids) + len(completion_ids)
+    limit.check(length, ref, example.completion_field, f"the prompt + {example.completion_field} (chat template included)")
+    cut = max(0, length - limit.max_length)
     return {
         "prompt_ids": prompt_ids[cut:],
         "completion_ids": completion_ids,
@@ -140,20 +144,25 @@ def build_unpaired_dataset(
     *,
     skip_invalid: bool = False,
     split: str | None = None,
+    overlong: Overlong = "error",
+    length_key: str = "max_length",
 ) -> UnpairedDataset:
     """Load, validate and tokenise every row of ``sources``, then pair items for the KL term.
 
-    Bad rows fail (or, with ``skip_invalid``, are skipped) as in ``build_preference_dataset``.
+    Bad rows fail (or, with ``skip_invalid``, are skipped) as in ``build_preference_dataset``,
+    and so do rows longer than ``max_length`` (``overlong``, ``length_key``).
     A dataset whose items all share one prompt raises DataError: it has no mismatched pairs.
     Having no desirable or no undesirable items is allowed (logged): the trainer decides.
     """
 
+    limit = LengthLimit(max_length, length_key, overlong)
+
     def make_item(source: str, row: int, raw: dict[str, Any]) -> list[UnpairedItem]:
         examples = parse_unpaired_row(raw, source, row)
-        return [tokenize_unpaired(example, tokenizer, max_length) for example in examples]
+        return [tokenize_unpaired(example, tokenizer, limit) for example in examples]
 
     per_row, num_skipped = tokenize_sources(
-        sources, tokenizer, max_length, make_item, skip_invalid=skip_invalid, split=split,
+        sources, tokenizer, limit, make_item, skip_invalid=skip_invalid, split=split,
         kind="unpaired",
     )
     items: list[UnpairedItem] = [item for row_items in per_row for item in row_items]

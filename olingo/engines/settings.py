@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from olingo.config_errors import did_you_mean
+from olingo.dataset.chat_tokens import turn_stop_ids
 
 
 @dataclass
@@ -142,12 +143,13 @@ def concat_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
     )
 
 def resolve_stop_token_ids(settings: GenerationSettings, tokenizer: Any) -> list[int]:
-    """The stop ids: `settings.stop_token_ids`, or the tokenizer's eos id."""
+    """The stop ids: `settings.stop_token_ids`, or the tokenizer's eos id and its chat
+    template's end-of-turn token (`olingo.dataset.chat_tokens.turn_stop_ids`)."""
     if settings.stop_token_ids is not None:
         return list(settings.stop_token_ids)
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no eos token; set GenerationSettings.stop_token_ids")
-    return [tokenizer.eos_token_id]
+    return turn_stop_ids(tokenizer)
 
 
 def rollout_from_responses(

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from olingo.config import ConfigError, StrictModel, config_problems, format_problems
+from olingo.config import ConfigError, HomePath, StrictModel, config_problems, format_problems
 from olingo.config_errors import did_you_mean
 from olingo.recipes.common import CallbackSpec, packaged_config
 
@@ -94,7 +94,7 @@ class ExperimentConfig(StrictModel):
     """An experiment (`olingo experiment run EXP.yaml`): arms x repeats x continual stages."""
 
     name: str = Field("experiment", description="experiment name; its directory is <output_dir>/<name>")
-    output_dir: str = Field("runs/experiments", description="parent of experiment directories")
+    output_dir: HomePath = Field("runs/experiments", description="parent of experiment directories")
     overwrite: bool = Field(False, description="delete an existing experiment directory instead of refusing to start")
     hypothesis: str = Field("", description="what the experiment is meant to show (written to experiment.md)")
     success_metric: str | None = Field(None, description="metric that ranks arms, e.g. arithmetic/accuracy or eval/loss")

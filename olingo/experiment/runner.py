@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from olingo.config import ConfigError, dump_config, load_config
+from olingo.config import ConfigError, dump_config, find_config_file, load_config
 from olingo.experiment.benchmarks import (
     ArithmeticBenchmark,
     InLoopBenchmark,
@@ -86,7 +86,7 @@ class Experiment:
     def from_yaml(cls, path: str | Path, overrides: Sequence[str] = (), *, callbacks: Sequence[Callback] = ()) -> Experiment:
         """Load `path` (strict: unknown keys are errors) with dotted overrides applied."""
         config = load_config(ExperimentConfig, path, list(overrides))
-        return cls(config, base_dir=Path(path).parent, callbacks=callbacks)
+        return cls(config, base_dir=find_config_file(path).parent, callbacks=callbacks)
 
     # ---- the experiment -------------------------------------------------------------------------
     def run(self) -> ExperimentResult:

@@ -5,10 +5,13 @@ from olingo.models.loading import (
     load_causal_lm,
     load_safetensors_into,
     load_tokenizer,
+    name_stop_tokens,
+    set_chat_template,
     stop_token_ids,
 )
 from olingo.models.loss import GPTLMLoss, LogExpLoss, LogSigLoss, token_nll
 from olingo.models.reward_model import RewardModel
+from olingo.models.sources import resolve_model_path, resolve_path
 from olingo.models.utils import last_attended_index, position_ids_from_mask
 
 __all__ = [
@@ -21,7 +24,11 @@ __all__ = [
     "load_causal_lm",
     "load_safetensors_into",
     "load_tokenizer",
+    "name_stop_tokens",
     "position_ids_from_mask",
+    "resolve_model_path",
+    "resolve_path",
+    "set_chat_template",
     "stop_token_ids",
     "token_nll",
 ]

@@ -215,7 +215,18 @@ def _load(gguf: Path):  # noqa: ANN202 - (PreTrainedModel, tokenizer), imported 
 
 
 def _save(model, tokenizer, gguf: Path, directory: Path) -> None:  # noqa: ANN001 - transformers objects
-    """Model, tokenizer and, last, the record of the source that marks `directory` complete."""
+    """Model, tokenizer and, last, the record of the source that marks `directory` complete.
+
+    A GGUF file names one eos token, so transformers' generation_config.json would too; a
+    model whose turns end with another token (Gemma's `<end_of_turn>`, eos `<eos>`) would then
+    run past its answers in `generate` and vLLM. The converted directory names both, as the
+    model's own HF release does."""
+    from olingo.dataset.chat_tokens import turn_stop_ids
+    from olingo.models.loading import name_stop_tokens
+
+    stops = turn_stop_ids(tokenizer)
+    named = model.generation_config.eos_token_id
+    name_stop_tokens(model, stops + [token for token in ([named] if isinstance(named, int) else named or []) if token not in stops])
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     stat = gguf.stat()

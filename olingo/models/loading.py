@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import torch
+from jinja2 import TemplateError, TemplateSyntaxError
 from safetensors.torch import load_file
 from transformers import (
     AutoModel,
@@ -18,7 +19,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from olingo.dataset.chat_tokens import turn_stop_ids
 from olingo.errors import ModelLoadError
+from olingo.models.sources import resolve_model_path
 
 LOAD_ERRORS = (OSError, ValueError, KeyError)  # what transformers raises for a path that does not load
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -76,14 +79,17 @@ def explain_load_failure(path: str, err: Exception, what: str = "model") -> Mode
 ONE_MODEL_LOAD_AT_A_TIME = threading.Lock()
 
 
-def load_tokenizer(path: str, padding_side: str | None = None) -> PreTrainedTokenizerBase:
-    """AutoTokenizer with a pad token guaranteed (eos is reused when the model has none).
+def load_tokenizer(path: str, padding_side: str | None = None, chat_template: str | None = None) -> PreTrainedTokenizerBase:
+    """AutoTokenizer with a pad token guaranteed (eos is reused when the model has none), and
+    `chat_template` (a template string or a file, `model.chat_template`) as its chat template
+    when given (`set_chat_template`).
 
     A pad equal to eos is fine for the policy (every batch carries its attention mask); the
     reward-model recipe swaps it for a token no chat row holds (`use_scoring_pad_token`) so its
     export scores in transformers as in olingo. The chat template is checked where it is used
     (`olingo.dataset.chat_tokens.require_chat_template`), with a message saying what to set.
     """
+    path = resolve_model_path(path)  # builtin: names, `~`, GGUF files: what a config accepts
     check_model_path(path, "tokenizer path")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -98,24 +104,29 @@ def load_tokenizer(path: str, padding_side: str | None = None) -> PreTrainedToke
         tokenizer.pad_token = tokenizer.eos_token
     if padding_side is not None:
         tokenizer.padding_side = padding_side
+    if chat_template is not None:
+        set_chat_template(tokenizer, chat_template)
     return tokenizer
 
 
-def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model_dir: str) -> list[int]:
-    """The ids that end a response: the tokenizer's eos, then every other eos id the model's
-    `generation_config.json` names. Instruct models list their end-of-turn token there when it
-    is not the tokenizer's eos (Gemma's `<end_of_turn>`, some Llama-3 exports' `<|eot_id|>`,
-    Qwen2.5's `<|endoftext|>` beside `<|im_end|>`), and transformers' `generate` and vLLM stop at
-    all of them; rollouts and their loss masks must end where generation does."""
-    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model_dir: str, required: bool = True) -> list[int]:
+    """The ids that end a response: the tokenizer's eos, the token its chat template ends an
+    assistant turn with (`end_of_turn_token_ids`: Gemma's `<end_of_turn>`, Llama-3's
+    `<|eot_id|>`, found by rendering a turn), then every other eos id the model's
+    `generation_config.json` names (Qwen2.5's `<|endoftext|>` beside `<|im_end|>`). A model
+    converted from GGUF or given a template by `model.chat_template` names only its eos there,
+    so the template is what tells. Rollouts and their loss masks end at the same tokens, and
+    `name_stop_tokens` writes them into exported models for `generate` and vLLM. `required`:
+    finding none is an error (rollouts would never end); else it gives [] (SFT on plain text)."""
+    ids = turn_stop_ids(tokenizer)
     try:
-        named = GenerationConfig.from_pretrained(model_dir).eos_token_id
+        named = GenerationConfig.from_pretrained(resolve_model_path(model_dir)).eos_token_id
     except (OSError, ValueError):  # no generation_config.json: the tokenizer's eos alone
         named = None
     for token in [named] if isinstance(named, int) else named or []:
         if token not in ids:
             ids.append(token)
-    if not ids:
+    if not ids and required:
         raise ModelLoadError(
             f"neither the tokenizer nor {model_dir}/generation_config.json names an eos token, so no response "
             "would ever end: set eos_token in the tokenizer's tokenizer_config.json or eos_token_id in generation_config.json"
@@ -123,8 +134,39 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase, model_dir: str) -> list[i
     return ids
 
 
+def name_stop_tokens(model: PreTrainedModel, stop_ids: list[int]) -> None:
+    """Name `stop_ids` (`stop_token_ids`) as the eos ids of `model.generation_config`, which
+    `save_pretrained` writes to generation_config.json: `generate` on an exported model then
+    stops where olingo's rollouts stopped (rollouts pass their stop ids explicitly, so this
+    changes no rollout)."""
+    config = getattr(model, "generation_config", None)
+    if config is not None and stop_ids:
+        config.eos_token_id = list(stop_ids) if len(stop_ids) > 1 else stop_ids[0]
+
+
+def set_chat_template(tokenizer: PreTrainedTokenizerBase, chat_template: str) -> None:
+    """Give `tokenizer` the chat template `chat_template` (`model.chat_template`): a Jinja
+    template string, or the path of a file holding one (e.g. a `chat_template.jinja`). It
+    replaces the tokenizer's own, and `save_pretrained` writes it with every export."""
+    if "{{" in chat_template or "{%" in chat_template:
+        template, origin = chat_template, "model.chat_template"
+    else:
+        path = Path(chat_template).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"model.chat_template '{chat_template}' is neither a file nor a Jinja template (one holds '{{{{' or '{{%')")
+        template, origin = path.read_text(), f"model.chat_template file '{chat_template}'"
+    tokenizer.chat_template = template
+    try:  # a template that does not parse fails here, in one line, not at the first data row
+        tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    except TemplateSyntaxError as err:
+        raise ModelLoadError(f"{origin} is not a valid Jinja template (line {err.lineno}): {err.message}") from None
+    except (TemplateError, ValueError, TypeError, KeyError, IndexError):
+        pass  # it parses but refuses this probe conversation: a data row it refuses is reported with its row
+
+
 def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
-    """Any `AutoModelForCausalLM` from a directory or hub id."""
+    """Any `AutoModelForCausalLM` from a directory, hub id, GGUF file or `builtin:` name."""
+    path = resolve_model_path(path)
     check_model_path(path)
     try:
         with ONE_MODEL_LOAD_AT_A_TIME:
@@ -135,6 +177,7 @@ def load_causal_lm(path: str, dtype: str = "float32", trust_remote_code: bool = 
 
 def load_backbone(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
     """The transformer body without a head (`AutoModel`), e.g. for custom heads."""
+    path = resolve_model_path(path)
     check_model_path(path)
     try:
         with ONE_MODEL_LOAD_AT_A_TIME:

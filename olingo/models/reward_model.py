@@ -36,6 +36,7 @@ from olingo.models.loading import (
     load_safetensors_into,
     resolve_dtype,
 )
+from olingo.models.sources import resolve_model_path
 from olingo.models.utils import last_attended_index, position_ids_from_mask
 
 logger = logging.getLogger("olingo.models")
@@ -67,6 +68,7 @@ class RewardModel(nn.Module):
         initialised with N(0, 1/(hidden+1)) from the global torch RNG, as ColossalChat does, so
         a seeded run is reproducible.
         """
+        path = resolve_model_path(path)  # builtin: names, `~`, GGUF files: what a config accepts
         check_model_path(path, f"{cls.kind} path")
         try:
             with ONE_MODEL_LOAD_AT_A_TIME:

@@ -31,6 +31,11 @@ whether it stopped at all is the experience maker's business (truncation penalty
 anything `float()` takes except strings (bools count as 0/1). A function that raises, returns
 NaN or inf, the wrong number of values or something that is not a number is a `RewardError`
 naming the function and the row: never a silent zero.
+
+One calling convention for every user function: a reward term in training, the same term on
+held-out prompts, and evaluation's accuracy function (`loop.accuracy_function`) are all called
+through `RewardFunction.values`, row fields included. The recipes `probe` each one at start-up,
+before any model loads, on the first valid prompt row (see `olingo.recipes.rewards`).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import inspect
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import torch
@@ -132,7 +137,7 @@ def _import_module(spec: str, module_name: str) -> Any:
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
             raise RewardError(
                 f"reward function '{spec}': no module named '{missing}'; is the directory that "
-                "holds it on PYTHONPATH? (e.g. PYTHONPATH=. olingo ppo ...)"
+                "holds it on PYTHONPATH? (e.g. `PYTHONPATH=. olingo <command> ...`)"
             ) from err
         raise RewardError(f"reward function '{spec}': importing '{module_name}' failed: {_one_line(err)}") from err
 
@@ -193,6 +198,28 @@ class RewardFunction:
             raise RewardError(f"reward function '{self.name}' returned {number} for row {row} (prompt {_shorten(prompt)}); rewards must be finite")
         return number
 
+    def check_call(self, field_names: Sequence[str]) -> None:
+        """RewardError unless `values` can call the function on rows with these extra fields:
+        a row field it requires that the rows lack, or a parameter olingo never passes (a
+        required positional-only one after the first three). Reads the signature only."""
+        fields = self._select(dict.fromkeys(field_names, ()))
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):  # no readable signature: only a call can tell
+            return
+        try:
+            signature.bind(*([[]] * 3 if self.batched else [""] * 3), **dict.fromkeys(fields))
+        except TypeError as err:
+            form = "(prompts, responses, gt_answers" if self.batched else "(prompt, response, gt_answer"
+            given = f", {', '.join(f'{k}=...' for k in fields)})" if fields else ")"
+            raise RewardError(f"reward function '{self.name}' cannot be called as olingo calls it, {form}{given} ({self._form()}): {err}") from err
+
+    def _form(self) -> str:
+        """How its form was decided, for messages."""
+        if getattr(self.fn, BATCHED_ATTR, None) is not None:
+            return f"batched={self.batched} from its {BATCHED_ATTR} attribute"
+        return "batched: its first parameter is 'prompts'" if self.batched else "single-row: its first parameter is not named 'prompts' and it is not marked @batched"
+
     def _select(self, row_fields: Mapping[str, Sequence[Any]]) -> dict[str, Sequence[Any]]:
         missing = self.required - row_fields.keys()
         if missing:
@@ -201,8 +228,13 @@ class RewardFunction:
         return {k: v for k, v in row_fields.items() if k not in self.positional and (self.fields is None or k in self.fields)}
 
 
-def reward_function(spec: str | Callable[..., Any], name: str | None = None) -> RewardFunction:
-    """Resolve `spec` (a name, an import path or a callable) and read its form from its signature."""
+def reward_function(spec: str | Callable[..., Any] | RewardFunction, name: str | None = None) -> RewardFunction:
+    """Resolve `spec` (a name, an import path or a callable) and read its form from its signature;
+    a `RewardFunction` is returned as it is (renamed when `name` is given). Every caller of a user
+    function (reward terms, evaluation's accuracy function) goes through the `values` of what this
+    returns, so training and evaluation call it the same way."""
+    if isinstance(spec, RewardFunction):
+        return spec if name is None or name == spec.name else replace(spec, name=name)
     fn = resolve_reward(spec) if isinstance(spec, str) else spec
     if not callable(fn):
         raise RewardError(f"a reward function must be callable or a name, got {type(fn).__name__}")
@@ -231,6 +263,32 @@ def reward_function(spec: str | Callable[..., Any], name: str | None = None) -> 
         frozenset(p.name for p in named if p.default is p.empty),
         frozenset(p.name for p in first),
     )
+
+
+# ---- the start-up check -------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProbeRow:
+    """One real prompt row to check functions on: where it is ('prompts.jsonl, row 1'), its
+    prompt text, ground truth and extra fields (one value each, as the row holds them)."""
+
+    where: str
+    prompt: str
+    gt_answer: str | None
+    fields: dict[str, Any]
+
+
+def probe(fn: RewardFunction, key: str, row: ProbeRow) -> None:
+    """Call `fn` once through `values`, exactly as training and evaluation call it, on `row`
+    with its gt_answer ('' without one) as the response, so that a function that cannot be
+    called that way stops a run in its first seconds rather than at its first evaluation.
+    A one-line RewardError names the function, what was wrong, the config `key` and the row."""
+    response = "" if row.gt_answer is None else row.gt_answer
+    try:
+        fn.check_call(list(row.fields))
+        fn.values([row.prompt], [response], [row.gt_answer], {k: [v] for k, v in row.fields.items()})
+    except RewardError as err:
+        given = "its gt_answer" if row.gt_answer is not None else "'' (the row has no gt_answer)"
+        raise RewardError(f"{err}; found at start-up by calling {key} on {row.where}, with {given} as the response") from err
 
 
 # ---- the weighted sum ---------------------------------------------------------------------

@@ -13,7 +13,8 @@
         push the new weights to every maker                             on_update_start/end
         on_episode_end(episode)                                         in a finally
         checkpoint when a multiple of save_interval steps was crossed   on_checkpoint
-    final checkpoint
+        a stop requested during the episode (`request_stop`): `step_<N>` checkpoint, end
+    final checkpoint (not after a stop)
     stop the makers, wait for their loops, count what was left unused   (always, in a finally)
     on_fit_end(); on_train_end(state, artifacts)                        in finallys
 
@@ -22,6 +23,12 @@ step counts to balance by hand); every remote call waits with a timeout; a maker
 fails `fit` with the maker's traceback; a maker that dies (and is restarted by Ray) gets the
 current weights and its loop back; experience carries the policy version that made it and
 batches more than `max_staleness` weight syncs old are dropped and counted.
+
+A stop (Ctrl-C/SIGTERM at the driver, forwarded by `request_stop`) is honoured at the end of the
+episode in flight, as local PPO/GRPO do: the episode trains on every batch it pulled, then a
+`step_<N>` checkpoint is written at that boundary, like a scheduled one, and `fit` returns with
+`summary["interrupted"]` (`raise_if_interrupted` turns that into `TrainingInterrupted` at the
+driver). Mid-episode the batches already taken from the buffer exist nowhere else.
 
 `state.step` counts `training_step` calls (for PPO and GRPO: optimizer steps); `policy_version`
 is the step at which the makers' current weights were pushed.
@@ -39,6 +46,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import signal
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -57,11 +65,20 @@ from olingo.ray.worker import setup_worker_logging
 from olingo.trainer._support import callback_states, default_callbacks, restore_callback_states
 from olingo.trainer.callbacks import Callback, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager
+from olingo.trainer.interrupt import TrainingInterrupted
 from olingo.trainer.loop import is_due, loop_scope
 from olingo.trainer.utils import rng_state, set_rng_state
 
 logger = logging.getLogger("olingo.ray")
 TRAINER_CONCURRENCY = {"buffer_length": 1, "buffer_append": 1, "buffer_sample": 1, "compute": 1}  # what a subclass's @ray.remote names
+
+
+def raise_if_interrupted(summary: dict[str, Any]) -> None:
+    """At the driver, after `fit`: a run stopped by `request_stop` raises `TrainingInterrupted`
+    (the CLI prints the resume command and exits 128 + signal)."""
+    stop = summary.get("interrupted")
+    if stop:
+        raise TrainingInterrupted(stop["signum"], stop["step"], Path(stop["checkpoint"]) if stop["checkpoint"] else None)
 
 
 class MakerError(RuntimeError):
@@ -147,6 +164,7 @@ class DetachedTrainer(ABC):
         self._defaults_installed = False
         self._pending_callback_states: dict[str, Any] = {}  # from a checkpoint, given back at fit
         self._maker_states: list[dict[str, Any]] = []  # from a checkpoint, restored into the makers at the first sync
+        self._stop_signal: int | None = None  # set by `request_stop`, honoured at the next episode boundary
 
     # ---- what a concrete trainer supplies ------------------------------------------------
     @abstractmethod
@@ -188,26 +206,47 @@ class DetachedTrainer(ABC):
         state = self.state
         state.num_steps = num_episodes * update_steps * train_epochs
         self._install_default_callbacks()
-        with loop_scope(state, self.callbacks, self.save_dir, self._saved_rows, fit_hooks=True):
-            if initial_eval is not None:
-                dispatch(self.callbacks, "on_eval", state, state.step, "eval", initial_eval)
-            try:
-                self._connect_makers()
-                self._sync(fully_update=True)
-                for name, maker in zip(self.target_holder_name_list, self.target_holder_list, strict=True):
-                    self._loops[name] = maker.workingloop.remote()
-                for episode in range(self.start_episode, num_episodes):
-                    state.epoch = episode
-                    self._run_episode(episode, update_steps, train_epochs)
-                    self.start_episode = episode + 1
-                    if is_due(self.save_interval, self._last_saved_step, state.step):
-                        self._save_checkpoint(f"step_{state.step}")
-                    if state.stop_requested:
-                        break
-                self._save_checkpoint("final")
-            finally:
-                self._stop_makers()
+        try:
+            with loop_scope(state, self.callbacks, self.save_dir, self._saved_rows, fit_hooks=True, stop_at="episode"):
+                if initial_eval is not None:
+                    dispatch(self.callbacks, "on_eval", state, state.step, "eval", initial_eval)
+                try:
+                    self._connect_makers()
+                    self._sync(fully_update=True)
+                    for name, maker in zip(self.target_holder_name_list, self.target_holder_list, strict=True):
+                        self._loops[name] = maker.workingloop.remote()
+                    for episode in range(self.start_episode, num_episodes):
+                        state.epoch = episode
+                        self._run_episode(episode, update_steps, train_epochs)
+                        self.start_episode = episode + 1
+                        stopping = self._stop_at_boundary()
+                        if stopping or is_due(self.save_interval, self._last_saved_step, state.step):
+                            self._save_checkpoint(f"step_{state.step}")
+                        if stopping or state.stop_requested:
+                            break
+                    if not state.extra.get("stop_signal"):  # a stop wrote its `step_<N>` checkpoint
+                        self._save_checkpoint("final")
+                finally:
+                    self._stop_makers()
+        except TrainingInterrupted as stop:  # an actor cannot exit 130: the driver raises it again
+            checkpoint = str(stop.checkpoint) if stop.checkpoint else None
+            self.summary["interrupted"] = {"signum": stop.signum, "step": stop.step, "checkpoint": checkpoint}
         return self.summary
+
+    @ray.method(concurrency_group="buffer_length")
+    def request_stop(self, signum: int = int(signal.SIGTERM)) -> None:
+        """Stop at the end of the episode in flight with a `step_<N>` checkpoint (the driver
+        forwards its Ctrl-C/SIGTERM here; see the module docstring)."""
+        logger.warning("[trainer] %s: stopping at the end of the current episode and writing a checkpoint", signal.Signals(signum).name)
+        self._stop_signal = signum
+
+    def _stop_at_boundary(self) -> bool:
+        """At an episode boundary: whether a stop was requested; it ends the loop (`step_<N>`)."""
+        if self._stop_signal is None:
+            return False
+        self.state.extra["stop_signal"] = self._stop_signal
+        self.state.request_stop()
+        return True
 
     def sync_models_to_remote_makers(self, **kwargs: Any) -> None:
         """Push the full current weights to every maker (or to `makers=[...]`) now."""

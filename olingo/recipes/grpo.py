@@ -1,7 +1,8 @@
 """`olingo grpo`: the GRPO family from an SFT model against reward programs (and/or a reward model).
 
 The recipe, top to bottom (`run_grpo`):
-    1. seed, plugin; check the run directory and the checkpoint to resume
+    1. call each user function once on a prompt row (`probe_user_functions`); seed, plugin;
+       check the run directory and the checkpoint to resume
     2. load the tokenizer, the policy, the reward and, only when experience.kl_coef > 0, the
        frozen reference (with LoRA: the policy with its adapters disabled; no critic exists)
     3. load and validate prompts (and pretrain rows for the ptx loss); sharded loaders
@@ -20,10 +21,9 @@ from typing import Any
 import torch
 
 from olingo.config import ConfigError
-from olingo.models import load_causal_lm, load_tokenizer, stop_token_ids
+from olingo.models import load_causal_lm, load_tokenizer, name_stop_tokens, stop_token_ids
 from olingo.models.lora import AdaptersDisabled
-from olingo.models.rewards import CompositeReward
-from olingo.models.rlvr import get_reward_function
+from olingo.models.rewards import CompositeReward, reward_function
 from olingo.recipes.common import (
     RunSetup,
     attach_experiment,
@@ -39,7 +39,7 @@ from olingo.recipes.common import (
 from olingo.recipes.grpo_config import GRPOConfig, GRPOLoopConfig
 from olingo.recipes.ppo import PPOData, load_data, resume_and_fit
 from olingo.recipes.ppo_config import generate_kwargs
-from olingo.recipes.rewards import load_reward
+from olingo.recipes.rewards import load_reward, probe_user_functions
 from olingo.trainer._support import Evaluator
 from olingo.trainer.callbacks import Callback, LogContext
 from olingo.trainer.callbacks.builtin import PerformanceEvaluator
@@ -65,9 +65,11 @@ def load_models(cfg: GRPOConfig, inference_device: torch.device | str) -> GRPOMo
     m = cfg.model
     check_model_paths({"model.actor": m.actor, "model.reference": m.reference, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
     source = resolve_model_path(m.actor, m.gguf_file)
-    tokenizer = load_tokenizer(resolve_model_path(m.tokenizer) if m.tokenizer else source, padding_side="left")
+    tokenizer = load_tokenizer(resolve_model_path(m.tokenizer) if m.tokenizer else source, padding_side="left", chat_template=m.chat_template)
+    stops = stop_token_ids(tokenizer, source)
     load = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     actor = m.lora.apply(load_causal_lm(source, **load))
+    name_stop_tokens(actor, stops)  # the export's generate stops where rollouts do
     reference = None
     if cfg.experience.kl_coef > 0 and m.lora.enabled and not m.reference:
         reference = AdaptersDisabled(actor)  # the base the adapters start from: no second copy
@@ -78,7 +80,7 @@ def load_models(cfg: GRPOConfig, inference_device: torch.device | str) -> GRPOMo
         enable_gradient_checkpointing(actor)
     if isinstance(reward, torch.nn.Module | CompositeReward):
         reward.to(inference_device)
-    return GRPOModels(tokenizer, actor, reward, reference, stop_token_ids(tokenizer, source))
+    return GRPOModels(tokenizer, actor, reward, reference, stops)
 
 
 def total_optimizer_steps(loop: GRPOLoopConfig, num_generations: int) -> int:
@@ -101,8 +103,8 @@ def build_trainer(cfg: GRPOConfig, setup: RunSetup, models: GRPOModels, callback
         save_interval=loop.save_interval, save_dir=str(setup.run_dir), num_generation=exp.num_generations,
         inference_batch_size=exp.inference_batch_size, logits_forward_batch_size=exp.logits_forward_batch_size, coordinator=setup.coordinator,
         callbacks=[PerformanceEvaluator(), *build_callbacks(cfg.callbacks), *callbacks],
-        experience_config=exp, loss_config=cfg.loss, eval_interval=loop.eval_interval,
-        accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
+        experience_config=exp, loss_config=cfg.loss, eval_interval=loop.eval_interval, eval_before_training=loop.eval_before_training,
+        accuracy_fn=reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
         engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device, cfg.model.gguf_file),
         **generate_kwargs(cfg.generation, models.stop_token_ids),
@@ -132,6 +134,7 @@ def run_grpo(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogCon
 
         return run_grpo_ray(cfg, callbacks=callbacks)
     check_grpo_config(cfg)
+    probe_user_functions(cfg.reward, cfg.loop.accuracy_function, cfg.data.prompts, cfg.data.eval_prompts)  # seconds, before any model loads
     # 1. seed, plugin, the run directory and checkpoint to resume (checked; written before fit)
     setup = open_run(cfg.run, cfg.plugin, cfg.actor_optim.max_grad_norm, cfg, cfg.logging)
     check_engine_config(cfg.generation.engine, setup.plugin, ray_enabled=False)

@@ -34,6 +34,7 @@ class GRPOModelConfig(StrictModel):
     actor: str = Field("builtin:tiny-llama", description="the policy to train: an SFT model directory, hub id or GGUF file (builtin:smollm2 = SmolLM2-135M-Instruct); other model paths take GGUF files too")
     reference: str | None = Field(None, description="frozen reference model for the KL term (default: actor; with LoRA: the actor's base with adapters disabled, no second copy); not loaded when experience.kl_coef is 0")
     tokenizer: str | None = Field(None, description="tokenizer directory (default: actor)")
+    chat_template: str | None = Field(None, description="chat template for a model without one (a base model), replacing the tokenizer's own: a Jinja template string or the path of a file holding one; saved with the exported model")
     gguf_file: str | None = Field(None, description="the GGUF file to load when model.actor is a directory holding several")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")

@@ -31,7 +31,7 @@ from typing import Any
 
 from olingo.config import ConfigError
 from olingo.errors import require
-from olingo.models import load_causal_lm, load_tokenizer
+from olingo.models import load_causal_lm, load_tokenizer, name_stop_tokens, stop_token_ids
 from olingo.models.lora import AdaptersDisabled
 from olingo.ray.making import GroupMaking
 from olingo.recipes.common import (
@@ -66,17 +66,20 @@ class GRPOModelsFn:
     lora: LoraSettings | None = None  # adapters on the actor; then only they are synced
     gradient_checkpointing: bool = False  # the trainer's actor
     reference_is_base: bool = False  # makers with a KL term, LoRA and no model.reference
+    chat_template: str | None = None  # model.chat_template
 
     def __call__(self) -> Any:
         load = dict(dtype=self.dtype, trust_remote_code=self.trust_remote_code)
         actor = (self.lora or LoraSettings()).apply(load_causal_lm(self.actor, **load))
+        tokenizer = load_tokenizer(self.tokenizer, chat_template=self.chat_template)
+        name_stop_tokens(actor, stop_token_ids(tokenizer, self.actor))  # the export's generate stops where rollouts do
         if self.reward is None:
             if self.gradient_checkpointing:
                 enable_gradient_checkpointing(actor)
             return actor
         reward = self.reward
         if isinstance(reward, RewardSource):
-            reward = load_reward(reward, load_tokenizer(self.tokenizer), self.dtype, self.trust_remote_code)
+            reward = load_reward(reward, tokenizer, self.dtype, self.trust_remote_code)
         reference = load_causal_lm(self.reference, **load).eval().requires_grad_(False) if self.reference is not None else None
         if self.reference_is_base:
             reference = AdaptersDisabled(actor)
@@ -139,7 +142,7 @@ def maker_models(cfg: GRPOConfig) -> GRPOModelsFn:
     base = kl and m.lora.enabled and not m.reference  # the actor with adapters disabled
     reference = (resolve_model_path(m.reference) if m.reference else actor) if kl and not base else None
     return GRPOModelsFn(actor, resolve_model_path(m.tokenizer) if m.tokenizer else actor, reward, reference, m.dtype, m.trust_remote_code, m.lora,
-                        reference_is_base=base)
+                        reference_is_base=base, chat_template=m.chat_template)
 
 
 def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
@@ -158,7 +161,7 @@ def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict
     # one optimizer step per buffer batch of accumulation_steps micro-batches
     grpo = RayAlgorithm(
         "grpo", models, GroupMaking(cfg.experience, needs_old_log_probs=needs_old_log_probs(cfg), carry_engine_log_probs=cfg.loss.tis_cap is not None),
-        trainer_models=GRPOModelsFn(models.actor, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora, gradient_checkpointing=m.gradient_checkpointing),
+        trainer_models=GRPOModelsFn(models.actor, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora, gradient_checkpointing=m.gradient_checkpointing, chat_template=m.chat_template),
         optim_fn=GRPOOptimFn(cfg.actor_optim, optimizer_steps(cfg, batches)), batches=batches,
         trainer_kwargs=dict(
             train_batch_size=loop.train_batch_size * loop.accumulation_steps, micro_batch_size=loop.train_batch_size,

@@ -1,7 +1,8 @@
 """`olingo ppo`: PPO from an SFT model against a reward model or verifiable reward functions.
 
 The recipe, top to bottom (`run_ppo`):
-    1. seed, plugin; check the run directory and the checkpoint to resume
+    1. call each user function once on a prompt row (`probe_user_functions`); seed, plugin;
+       check the run directory and the checkpoint to resume
     2. load the tokenizer, the actor and its frozen copy (the reference), the critic, the reward
     3. load and validate prompts (and pretrain rows for the ptx loss); sharded loaders
     4. optimizers and schedules sized in optimizer steps; boost; the trainer
@@ -23,10 +24,15 @@ from olingo.booster import Booster
 from olingo.config import ConfigError
 from olingo.dataset import SFTCollator, build_sft_dataset
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
-from olingo.models import RewardModel, load_causal_lm, load_tokenizer, stop_token_ids
+from olingo.models import (
+    RewardModel,
+    load_causal_lm,
+    load_tokenizer,
+    name_stop_tokens,
+    stop_token_ids,
+)
 from olingo.models.critic import Critic
-from olingo.models.rewards import CompositeReward
-from olingo.models.rlvr import get_reward_function
+from olingo.models.rewards import CompositeReward, reward_function
 from olingo.recipes.common import (
     RunSetup,
     attach_experiment,
@@ -52,7 +58,7 @@ from olingo.recipes.ppo_config import (  # noqa: F401 - the config's classes, im
     RewardConfig,
     generate_kwargs,
 )
-from olingo.recipes.rewards import load_reward
+from olingo.recipes.rewards import load_reward, probe_user_functions
 from olingo.trainer._support import Evaluator
 from olingo.trainer.callbacks import Callback, LogContext
 from olingo.trainer.callbacks.builtin import PerformanceEvaluator
@@ -87,9 +93,11 @@ def load_models(cfg: PPOConfig, inference_device: torch.device | str) -> PPOMode
     m = cfg.model
     check_model_paths({"model.actor": m.actor, "model.reference": m.reference, "model.critic": m.critic, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
     source = resolve_model_path(m.actor, m.gguf_file)
-    tokenizer = load_tokenizer(resolve_model_path(m.tokenizer) if m.tokenizer else source, padding_side="left")
+    tokenizer = load_tokenizer(resolve_model_path(m.tokenizer) if m.tokenizer else source, padding_side="left", chat_template=m.chat_template)
+    stops = stop_token_ids(tokenizer, source)
     load = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     actor = m.lora.apply(load_causal_lm(source, **load))
+    name_stop_tokens(actor, stops)  # the export's generate stops where rollouts do
     reference = load_causal_lm(resolve_model_path(m.reference) if m.reference else source, **load).eval().requires_grad_(False)
     critic_source = m.critic or cfg.reward.model
     critic = m.lora.apply(Critic.from_pretrained(resolve_model_path(critic_source) if critic_source else source, pad_token_id=tokenizer.pad_token_id, **load))
@@ -99,16 +107,16 @@ def load_models(cfg: PPOConfig, inference_device: torch.device | str) -> PPOMode
         enable_gradient_checkpointing(critic)
     reference.to(inference_device)
     reward.to(inference_device)
-    return PPOModels(tokenizer, actor, critic, reference, reward, stop_token_ids(tokenizer, source))
+    return PPOModels(tokenizer, actor, critic, reference, reward, stops)
 
 
 def load_data(cfg: PPOConfig, tokenizer: Any, plugin: Any) -> PPOData:
     """Prompts and pretrain rows validated (errors name file, row, field), then sharded loaders."""
     loop, data = cfg.loop, cfg.data
     check_room_for_text(tokenizer, data.max_prompt_length, "data.max_prompt_length", with_response=False)
-    prompts = build_prompt_dataset([resolve_path(s) for s in data.prompts], tokenizer, data.max_prompt_length, skip_invalid=data.skip_invalid)
-    eval_prompts = build_prompt_dataset([resolve_path(s) for s in data.eval_prompts], tokenizer, data.max_prompt_length) if data.eval_prompts else None
-    pretrain = build_sft_dataset([resolve_path(s) for s in data.pretrain], tokenizer, data.max_pretrain_length, skip_invalid=data.skip_invalid) if data.pretrain else None
+    prompts = build_prompt_dataset([resolve_path(s) for s in data.prompts], tokenizer, data.max_prompt_length, skip_invalid=data.skip_invalid, overlong=data.overlong, length_key="data.max_prompt_length")
+    eval_prompts = build_prompt_dataset([resolve_path(s) for s in data.eval_prompts], tokenizer, data.max_prompt_length, overlong=data.overlong, length_key="data.max_prompt_length") if data.eval_prompts else None
+    pretrain = build_sft_dataset([resolve_path(s) for s in data.pretrain], tokenizer, data.max_pretrain_length, skip_invalid=data.skip_invalid, overlong=data.overlong, length_key="data.max_pretrain_length") if data.pretrain else None
     world = plugin.coordinator.world_size
     check_batch_fits(len(prompts), loop.rollout_batch_size, world, "loop.rollout_batch_size", "data.prompts")
     if pretrain is not None:
@@ -146,8 +154,8 @@ def build_trainer(cfg: PPOConfig, setup: RunSetup, models: PPOModels, callbacks:
         offload_inference_models=loop.offload_inference_models, accumulation_steps=loop.accumulation_steps,
         save_interval=loop.save_interval, save_dir=str(setup.run_dir), coordinator=setup.coordinator,
         callbacks=[PerformanceEvaluator(), *build_callbacks(cfg.callbacks), *callbacks],
-        experience_config=cfg.experience, reward_shaping=cfg.reward, eval_interval=loop.eval_interval, tis_cap=cfg.loss.tis_cap,
-        accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
+        experience_config=cfg.experience, reward_shaping=cfg.reward, eval_interval=loop.eval_interval, eval_before_training=loop.eval_before_training, tis_cap=cfg.loss.tis_cap,
+        accuracy_fn=reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
         engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device, cfg.model.gguf_file),
         **generate_kwargs(cfg.generation, models.stop_token_ids),
@@ -172,6 +180,7 @@ def run_ppo(cfg: PPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogConte
 
         return run_ppo_ray(cfg, callbacks=callbacks)
     check_ppo_config(cfg)
+    probe_user_functions(cfg.reward, cfg.loop.accuracy_function, cfg.data.prompts, cfg.data.eval_prompts)  # seconds, before any model loads
     # 1. seed, plugin, the run directory and checkpoint to resume (checked; written before fit)
     setup = open_run(cfg.run, cfg.plugin, cfg.actor_optim.max_grad_norm, cfg, cfg.logging)
     check_engine_config(cfg.generation.engine, setup.plugin, ray_enabled=False)
@@ -204,6 +213,7 @@ def resume_and_fit(trainer: Any, setup: RunSetup, cfg: Any, data: PPOData) -> di
     return {
         "run_dir": str(setup.run_dir),
         "final_model": str(setup.run_dir / "checkpoints" / "final" / "actor"),
+        "eval_before": trainer.initial_eval_metrics,  # None when not evaluated (off, no eval prompts, resumed)
         "eval": trainer.last_eval_metrics,
         "steps": artifacts.completed_steps,
     }

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field
 
 from olingo.config import StrictModel
+from olingo.dataset.limits import OVERLONG_DESCRIPTION, Overlong
 from olingo.engines.vllm import VLLMSettings
 from olingo.experience_maker.config import ExperienceConfig, RewardShaping
 from olingo.ray.config import RayConfig
@@ -35,6 +36,7 @@ class PPOModelConfig(StrictModel):
     reference: str | None = Field(None, description="frozen reference model for the KL penalty (default: actor)")
     critic: str | None = Field(None, description="critic start: a reward-model or causal-LM directory (default: reward.model, else actor)")
     tokenizer: str | None = Field(None, description="tokenizer directory (default: actor); shared by every model")
+    chat_template: str | None = Field(None, description="chat template for a model without one (a base model), replacing the tokenizer's own: a Jinja template string or the path of a file holding one; saved with the exported model")
     gguf_file: str | None = Field(None, description="the GGUF file to load when model.actor is a directory holding several")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
@@ -53,9 +55,10 @@ class PPODataConfig(StrictModel):
     prompts: list[str] = Field(default_factory=lambda: ["builtin:prompts_train"], description="prompt files, saved datasets or hub ids")
     eval_prompts: list[str] = Field(default_factory=lambda: ["builtin:prompts_eval"], description="held-out prompts (empty list: no evaluation)")
     pretrain: list[str] = Field(default_factory=list, description="SFT-format data for the ptx loss (needed when loss.ptx_coef > 0)")
-    max_prompt_length: int = Field(256, gt=0, description="prompt tokens kept (the end of longer prompts)")
-    max_pretrain_length: int = Field(512, gt=0, description="tokens per pretrain row")
+    max_prompt_length: int = Field(512, gt=0, description="prompt tokens at most, chat template and generation prompt included (a longer prompt: see data.overlong)")
+    max_pretrain_length: int = Field(1024, gt=0, description="tokens per pretrain row (a longer row: see data.overlong)")
     skip_invalid: bool = Field(False, description="skip bad rows (and log how many) instead of stopping")
+    overlong: Overlong = Field("error", description=OVERLONG_DESCRIPTION)
 
 
 class GenerationConfig(StrictModel):
@@ -86,6 +89,7 @@ class PPOLoopConfig(StrictModel):
     offload_inference_models: bool = Field(True, description="keep reference and reward models on CPU while learning")
     save_interval: int = Field(0, ge=0, description="checkpoint at the end of the episode reaching every N optimizer steps (0: final only)")
     eval_interval: int = Field(0, ge=0, description="evaluate on eval_prompts at the end of the episode reaching every N optimizer steps")
+    eval_before_training: bool = Field(True, description="evaluate the starting policy on eval_prompts before the first step (eval/* at step 0, the baseline for the gain; a resumed run does not repeat it)")
     eval_batch_size: int = Field(64, ge=1, description="prompts per evaluation batch")
     eval_temperature: float | None = Field(None, gt=0, description="sampling temperature for evaluation (default: the rollout temperature)")
     accuracy_function: str | None = Field(None, description="reward function counted as accuracy in evaluation (e.g. arithmetic_exact)")

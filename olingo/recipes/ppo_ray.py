@@ -26,7 +26,13 @@ from typing import Any
 
 from olingo.config import ConfigError
 from olingo.errors import require
-from olingo.models import RewardModel, load_causal_lm, load_tokenizer
+from olingo.models import (
+    RewardModel,
+    load_causal_lm,
+    load_tokenizer,
+    name_stop_tokens,
+    stop_token_ids,
+)
 from olingo.models.critic import Critic
 from olingo.models.rewards import CompositeReward
 from olingo.ray.making import PPOMaking
@@ -60,12 +66,15 @@ class PPOModelsFn:
     lora: LoraSettings | None = None  # adapters on actor and critic; then only they (and the value head) are synced
     reward_functions: dict[str, float] | None = None  # {spec: weight}, summed with the reward model at `reward`
     reward_model_weight: float = 1.0  # the reward model's weight in that sum
+    chat_template: str | None = None  # model.chat_template
 
     def __call__(self) -> tuple:
-        pad = load_tokenizer(self.tokenizer).pad_token_id
+        tokenizer = load_tokenizer(self.tokenizer, chat_template=self.chat_template)
+        pad = tokenizer.pad_token_id
         load = dict(dtype=self.dtype, trust_remote_code=self.trust_remote_code)
         lora = self.lora or LoraSettings()
         actor = lora.apply(load_causal_lm(self.actor, **load))
+        name_stop_tokens(actor, stop_token_ids(tokenizer, self.actor))  # the export's generate stops where rollouts do
         critic = lora.apply(Critic.from_pretrained(self.critic, pad_token_id=pad, **load))
         if self.reference is None:
             return actor, critic
@@ -127,7 +136,7 @@ def maker_models(cfg: PPOConfig) -> PPOModelsFn:
     return PPOModelsFn(
         actor, or_actor(m.critic or rc.model), or_actor(m.tokenizer),
         or_actor(m.reference), resolve_model_path(rc.model) if rc.model else None, m.dtype, m.trust_remote_code, m.lora,
-        reward_functions=dict(rc.functions) or None, reward_model_weight=rc.model_weight,
+        reward_functions=dict(rc.functions) or None, reward_model_weight=rc.model_weight, chat_template=m.chat_template,
     )
 
 
@@ -145,7 +154,7 @@ def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     # 2-7. makers making PPO experience (KL-penalised rewards, GAE), the PPO trainer (actor + critic)
     ppo = RayAlgorithm(
         "ppo", models, PPOMaking(cfg.experience.kl_coef, cfg.experience, cfg.reward, carry_engine_log_probs=cfg.loss.tis_cap is not None),
-        trainer_models=PPOModelsFn(models.actor, models.critic, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora),
+        trainer_models=PPOModelsFn(models.actor, models.critic, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora, chat_template=m.chat_template),
         optim_fn=OptimFn(cfg.actor_optim, cfg.critic_optim, optimizer_steps(cfg, batches)), batches=batches,
         trainer_kwargs=dict(train_batch_size=cfg.loop.train_batch_size, eps_clip=loss.eps_clip, value_clip=loss.value_clip, vf_coef=loss.vf_coef, tis_cap=loss.tis_cap),
     )

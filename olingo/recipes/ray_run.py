@@ -44,6 +44,7 @@ from olingo.recipes.common import (
 )
 from olingo.recipes.grpo_config import GRPOConfig
 from olingo.recipes.ppo_config import PPOConfig, generate_kwargs
+from olingo.recipes.rewards import probe_user_functions
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.utils import seed_everything
 
@@ -54,9 +55,10 @@ RayRecipeConfig = PPOConfig | GRPOConfig
 @dataclass
 class TokenizerFn:
     path: str
+    chat_template: str | None = None  # model.chat_template
 
     def __call__(self) -> Any:
-        return load_tokenizer(self.path, padding_side="left")
+        return load_tokenizer(self.path, padding_side="left", chat_template=self.chat_template)
 
 
 @dataclass
@@ -70,10 +72,12 @@ class PromptLoaderFn:
     seed: int = 0
     train: bool = True  # shuffled, short last batch dropped; eval: in order, every prompt
     skip_invalid: bool = False
+    chat_template: str | None = None  # model.chat_template
+    overlong: str = "error"  # data.overlong
 
     def __call__(self) -> Any:
-        tokenizer = load_tokenizer(self.tokenizer, padding_side="left")
-        dataset = build_prompt_dataset(self.sources, tokenizer, self.max_prompt_length, skip_invalid=self.skip_invalid)
+        tokenizer = load_tokenizer(self.tokenizer, padding_side="left", chat_template=self.chat_template)
+        dataset = build_prompt_dataset(self.sources, tokenizer, self.max_prompt_length, skip_invalid=self.skip_invalid, overlong=self.overlong, length_key="data.max_prompt_length")
         return SingleProcessPlugin().prepare_dataloader(
             dataset, self.batch_size, shuffle=self.train, seed=self.seed, collate_fn=PromptCollator(tokenizer.pad_token_id),
             even=self.train, drop_last=self.train,
@@ -115,9 +119,11 @@ def optimizer_steps(cfg: RayRecipeConfig, batches: int) -> int:
 
 # ---- the run ------------------------------------------------------------------------------------------
 def open_run(cfg: RayRecipeConfig, model_paths: dict[str, str | None]) -> tuple[Path, Path | None]:
-    """Step 1's shared part: the configured model paths exist (`{config key: path}`), the RNG is
+    """Step 1's shared part: every user function is called once on a prompt row
+    (`probe_user_functions`), the configured model paths exist (`{config key: path}`), the RNG is
     seeded; returns the run directory (checked, written once the actors have loaded everything)
     and the checkpoint to resume (None: a fresh start)."""
+    probe_user_functions(cfg.reward, cfg.loop.accuracy_function, cfg.data.prompts, cfg.data.eval_prompts)  # before any actor loads a model
     check_model_paths(model_paths)
     seed_everything(cfg.run.seed)
     run_dir = check_run_dir(cfg.run)
@@ -140,7 +146,7 @@ def run_on_ray(cfg: RayRecipeConfig, algorithm: RayAlgorithm, run_dir: Path, che
         maker_names = [f"{cfg.run.name}-maker{i}-{suffix}" for i in range(rc.num_makers)]
         makers: list[Any] = []
         models = algorithm.maker_models
-        stops = stop_token_ids(load_tokenizer(models.tokenizer), models.actor)  # the same for every maker
+        stops = stop_token_ids(load_tokenizer(models.tokenizer, chat_template=cfg.model.chat_template), models.actor)  # the same for every maker
         for i, name in enumerate(maker_names):  # each recorded at once: a later failure still shuts it down
             makers.append(_spawn_maker(cfg, algorithm, launch, i, name, trainer_name, stops))
             actors.append(makers[-1])
@@ -154,9 +160,10 @@ def run_on_ray(cfg: RayRecipeConfig, algorithm: RayAlgorithm, run_dir: Path, che
 
         # 5-7. evaluate, fit (which logs the step-0 evaluation first), evaluate
         evaluate = _evaluator(cfg, makers[0], launch) if cfg.data.eval_prompts else None
-        before = evaluate() if evaluate is not None and checkpoint is None else None
+        before = evaluate() if evaluate is not None and checkpoint is None and cfg.loop.eval_before_training else None
         total_steps = cfg.loop.episodes * algorithm.batches
-        summary = launch.wait_for(trainer.fit.remote(total_steps, algorithm.batches, cfg.loop.update_steps, initial_eval=before))
+        summary = launch.wait_for(trainer.fit.remote(total_steps, algorithm.batches, cfg.loop.update_steps, initial_eval=before), on_stop=lambda signum: trainer.request_stop.remote(signum))
+        launch.raise_if_interrupted(summary)  # Ctrl-C: the trainer checkpointed at the end of its episode
         after = evaluate() if evaluate is not None else None
     finally:
         launch.shut_down(actors, started_here)
@@ -166,13 +173,13 @@ def run_on_ray(cfg: RayRecipeConfig, algorithm: RayAlgorithm, run_dir: Path, che
 def _spawn_maker(cfg: RayRecipeConfig, algorithm: RayAlgorithm, launch: Any, i: int, name: str, trainer_name: str, stops: list[int]) -> Any:
     """Maker `i`: the algorithm's models and `making`, its own prompt order, responses ending at
     `stops`; maker 0 evaluates."""
-    loop, data, models = cfg.loop, cfg.data, algorithm.maker_models
+    loop, data, models, template = cfg.loop, cfg.data, algorithm.maker_models, cfg.model.chat_template
     return launch.spawn_maker(
-        cfg.ray, name, [trainer_name], models, TokenizerFn(models.tokenizer),
-        PromptLoaderFn([resolve_path(s) for s in data.prompts], models.tokenizer, data.max_prompt_length, loop.rollout_batch_size, seed=cfg.run.seed + 1000 * i, skip_invalid=data.skip_invalid),
+        cfg.ray, name, [trainer_name], models, TokenizerFn(models.tokenizer, template),
+        PromptLoaderFn([resolve_path(s) for s in data.prompts], models.tokenizer, data.max_prompt_length, loop.rollout_batch_size, seed=cfg.run.seed + 1000 * i, skip_invalid=data.skip_invalid, chat_template=template, overlong=data.overlong),
         making=algorithm.making,
         engine_fn=VLLMEngineFn(models.actor, cfg.generation.vllm) if cfg.generation.engine == "vllm" else None,
-        eval_dataloader_fn=PromptLoaderFn([resolve_path(s) for s in data.eval_prompts], models.tokenizer, data.max_prompt_length, loop.eval_batch_size, train=False) if data.eval_prompts and i == 0 else None,
+        eval_dataloader_fn=PromptLoaderFn([resolve_path(s) for s in data.eval_prompts], models.tokenizer, data.max_prompt_length, loop.eval_batch_size, train=False, chat_template=template, overlong=data.overlong) if data.eval_prompts and i == 0 else None,
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
         seed=cfg.run.seed + i, call_timeout_s=cfg.ray.call_timeout_s, **generate_kwargs(cfg.generation, stops),
     )
@@ -187,7 +194,7 @@ def _spawn_trainer(
         rc, name, maker_names, algorithm.trainer_models, algorithm=algorithm.name,
         buffer_limit=rc.buffer_limit or algorithm.batches, callbacks=build_callbacks(cfg.callbacks) + list(callbacks),
         temperature=cfg.generation.temperature if cfg.generation.do_sample else 1.0,
-        optim_fn=algorithm.optim_fn, max_grad_norm=cfg.actor_optim.max_grad_norm, tokenizer_fn=TokenizerFn(algorithm.maker_models.tokenizer),
+        optim_fn=algorithm.optim_fn, max_grad_norm=cfg.actor_optim.max_grad_norm, tokenizer_fn=TokenizerFn(algorithm.maker_models.tokenizer, cfg.model.chat_template),
         seed=cfg.run.seed, max_staleness=rc.max_staleness, call_timeout_s=rc.call_timeout_s, experience_timeout_s=rc.experience_timeout_s,
         max_maker_restarts=rc.max_restarts * rc.num_makers, log_dir=str(run_dir), use_wandb=cfg.logging.wandb,
         show_progress=cfg.logging.progress, save_dir=str(run_dir), save_interval=cfg.loop.save_interval,

@@ -2,18 +2,31 @@
 
 `RewardSource` is the part of a `reward:` section that names the reward: reward functions with
 weights, a trained reward model, or both as weighted terms of one sum. `load_reward` builds it.
+`probe_user_functions` calls every user function once on a real prompt row at start-up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pydantic import Field, model_validator
 
 from olingo.config import StrictModel
+from olingo.dataset.errors import DataError
+from olingo.dataset.loading import iter_rows_or_errors
+from olingo.dataset.prompts import extra_fields, parse_prompt_row
 from olingo.models import RewardModel
-from olingo.models.rewards import CompositeReward, resolve_reward
-from olingo.recipes.common import resolve_model_path
+from olingo.models.rewards import (
+    CompositeReward,
+    ProbeRow,
+    RewardError,
+    RewardFunction,
+    probe,
+    resolve_reward,
+    reward_function,
+)
+from olingo.recipes.common import resolve_model_path, resolve_path
 
 
 class RewardSource(StrictModel):
@@ -46,3 +59,48 @@ def load_reward(source: RewardSource, tokenizer: Any, dtype: str = "float32", tr
     if not source.functions:
         return neural
     return CompositeReward(source.functions, neural=neural, neural_weight=source.model_weight)
+
+
+def probe_user_functions(reward: RewardSource, accuracy_function: str | None, prompts: Sequence[str], eval_prompts: Sequence[str]) -> None:
+    """Call each reward function and the accuracy function once, as the run will call them, on
+    the first valid row of the data it will see (reward functions: `prompts` and `eval_prompts`;
+    the accuracy function: the first `eval_prompts` row with a gt_answer), before any model
+    loads, so that a function that cannot be called that way (a row field the data lacks, a
+    parameter olingo never passes, a batched function taken for a single-row one) is a one-line
+    `RewardError` in the first seconds of a run rather than a traceback at its first evaluation.
+    The prompt is the row's text without the chat template (the turns' contents, one per line);
+    training decodes the templated prompt. Unreadable data is left for the data loading to report."""
+    functions = [_resolve(spec, "reward.functions") for spec in reward.functions]
+    accuracy = _resolve(accuracy_function, "loop.accuracy_function") if accuracy_function else None
+    for sources in (prompts, eval_prompts):
+        row = next(_probe_rows(sources), None)
+        for fn in functions if row is not None else ():
+            probe(fn, "reward.functions", row)
+    row = next((r for r in _probe_rows(eval_prompts) if r.gt_answer is not None), None)
+    if accuracy is not None and row is not None:  # evaluation scores accuracy on rows with a gt_answer only
+        probe(accuracy, "loop.accuracy_function", row)
+
+
+def _resolve(spec: str, key: str) -> RewardFunction:
+    """The function `spec` names, its form read from its signature; errors name `key`."""
+    try:
+        return reward_function(spec)
+    except RewardError as err:
+        raise RewardError(f"{err} (set in {key})") from err
+
+
+def _probe_rows(sources: Sequence[str]) -> Iterator[ProbeRow]:
+    """The valid prompt rows of `sources`, lazily, in order (invalid rows are skipped)."""
+    for source in sources:
+        try:
+            for number, raw in iter_rows_or_errors(resolve_path(source)):
+                if isinstance(raw, DataError):
+                    continue
+                try:
+                    messages, answer = parse_prompt_row(raw, source, number)
+                except DataError:
+                    continue
+                text = "\n".join(str(m.get("content") or "") for m in messages)
+                yield ProbeRow(f"{source}, row {number}", text, answer, extra_fields(raw))
+        except DataError:
+            continue  # a source that cannot be read: loading the data says so, with its reason

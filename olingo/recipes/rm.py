@@ -18,6 +18,7 @@ from pydantic import Field
 
 from olingo.config import StrictModel
 from olingo.dataset import PreferenceCollator, build_preference_dataset
+from olingo.dataset.limits import OVERLONG_DESCRIPTION, Overlong
 from olingo.models import LogExpLoss, LogSigLoss, RewardModel, load_tokenizer
 from olingo.models.reward_model import use_scoring_pad_token
 from olingo.recipes.common import (
@@ -47,8 +48,9 @@ class RMDataConfig(StrictModel):
 
     train: list[str] = Field(default_factory=lambda: ["builtin:preference_train"], description="JSON/JSONL/Parquet files, saved datasets or hub ids")
     eval: list[str] = Field(default_factory=lambda: ["builtin:preference_eval"], description="held-out pairs (empty list: no evaluation)")
-    max_length: int = Field(128, gt=0, description="tokens per sequence; longer rows lose the start of the prompt")
+    max_length: int = Field(1024, gt=0, description="tokens per sequence (prompt + response, chat template included; a longer row: see data.overlong)")
     skip_invalid: bool = Field(False, description="skip bad rows (and log how many) instead of stopping")
+    overlong: Overlong = Field("error", description=OVERLONG_DESCRIPTION)
 
 
 class RMTrainConfig(OptimConfig):
@@ -81,7 +83,7 @@ def run_rm(
     # 2. tokenizer and model: a new value head on a causal LM, or a saved reward model
     check_model_paths({"model.path": cfg.model.path, "model.tokenizer": cfg.model.tokenizer})
     source = resolve_model_path(cfg.model.path, cfg.model.gguf_file)
-    tokenizer = load_tokenizer(resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else source)
+    tokenizer = load_tokenizer(resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else source, chat_template=cfg.model.chat_template)
     model = RewardModel.from_pretrained(source, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
     # A pad id no chat row holds (not eos, which rows end with), in the model and the saved
     # tokenizer alike: the export then scores in transformers exactly as olingo does.
@@ -93,7 +95,7 @@ def run_rm(
     # 3. data, validated before any training
     check_room_for_text(tokenizer, cfg.data.max_length, "data.max_length")
     def dataset(sources: list[str]):
-        return build_preference_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid)
+        return build_preference_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid, overlong=cfg.data.overlong, length_key="data.max_length")
 
     train_set, eval_set = dataset(cfg.data.train), (dataset(cfg.data.eval) if cfg.data.eval else None)
 

@@ -16,7 +16,8 @@ from pydantic import Field
 
 from olingo.config import StrictModel
 from olingo.dataset import SFTCollator, build_sft_dataset
-from olingo.models import load_causal_lm, load_tokenizer
+from olingo.dataset.limits import OVERLONG_DESCRIPTION, Overlong
+from olingo.models import load_causal_lm, load_tokenizer, name_stop_tokens, stop_token_ids
 from olingo.recipes.common import (
     CallbackSpec,
     LoggingConfig,
@@ -44,8 +45,9 @@ class SFTDataConfig(StrictModel):
 
     train: list[str] = Field(default_factory=lambda: ["builtin:sft_train"], description="JSON/JSONL/Parquet files, saved datasets or hub ids")
     eval: list[str] = Field(default_factory=lambda: ["builtin:sft_eval"], description="held-out conversations (empty list: no evaluation)")
-    max_length: int = Field(512, gt=0, description="tokens per row; longer rows lose their end")
+    max_length: int = Field(1024, gt=0, description="tokens per row, chat template included (a longer row: see data.overlong)")
     skip_invalid: bool = Field(False, description="skip bad rows (and log how many) instead of stopping")
+    overlong: Overlong = Field("error", description=OVERLONG_DESCRIPTION)
     apply_loss_mask: bool = Field(True, description="train on assistant tokens only (false: on every token)")
 
 
@@ -72,8 +74,9 @@ def run_sft(
     # 2. tokenizer and model
     check_model_paths({"model.path": cfg.model.path, "model.tokenizer": cfg.model.tokenizer})
     source = resolve_model_path(cfg.model.path, cfg.model.gguf_file)
-    tokenizer = load_tokenizer(resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else source)
+    tokenizer = load_tokenizer(resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else source, chat_template=cfg.model.chat_template)
     model = load_causal_lm(source, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    name_stop_tokens(model, stop_token_ids(tokenizer, source, required=False))  # the export's generate stops at end-of-turn
     model = cfg.model.lora.apply(model)
     if cfg.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
@@ -81,7 +84,7 @@ def run_sft(
     # 3. data, validated before any training
     check_room_for_text(tokenizer, cfg.data.max_length, "data.max_length")
     def dataset(sources: list[str]):
-        return build_sft_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid)
+        return build_sft_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid, overlong=cfg.data.overlong, length_key="data.max_length")
 
     train_set, eval_set = dataset(cfg.data.train), (dataset(cfg.data.eval) if cfg.data.eval else None)
 

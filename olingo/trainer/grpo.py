@@ -119,7 +119,7 @@ class GRPOTrainer(OLTrainer):
     hold the settings, and a coati keyword (kl_coef, num_generation, inference_batch_size,
     logits_forward_batch_size; ptx_coef, eps_clip) left at its default defers to them, while one
     set to another value must agree (`merge_keywords`). `engine`, `eval_interval`,
-    `accuracy_fn`, `eval_generate_kwargs` as for `PPOTrainer`.
+    `eval_before_training`, `accuracy_fn`, `eval_generate_kwargs` as for `PPOTrainer`.
     """
 
     def __init__(
@@ -160,6 +160,7 @@ class GRPOTrainer(OLTrainer):
         loss_config: GRPOLossConfig | None = None,
         engine: RolloutEngine | None = None,
         eval_interval: int = 0,
+        eval_before_training: bool = True,
         accuracy_fn: Callable[[str, str, str | None], float] | None = None,
         eval_generate_kwargs: dict[str, Any] | None = None,
         **generate_kwargs: Any,
@@ -184,6 +185,7 @@ class GRPOTrainer(OLTrainer):
         super().__init__(
             actor_booster, buffer, sample_buffer, dataloader_pin_memory, callbacks,
             coordinator=coordinator, save_interval=save_interval, save_dir=save_dir, eval_interval=eval_interval,
+            eval_before_training=eval_before_training,
         )
         self.actor, self.reward_model = actor, reward_model
         self.initial_model = initial_model if kl_coef > 0 else None  # kl_coef 0: never run, never moved

@@ -1,13 +1,16 @@
-"""Ctrl-C and SIGTERM during training: finish the optimizer step, checkpoint, exit cleanly.
+"""Ctrl-C and SIGTERM during training: finish the step or episode, checkpoint, exit cleanly.
 
 `handle_stop_signals()` (the CLI wraps every command in it) installs handlers for SIGINT and
 SIGTERM. While a training loop runs (between `arm()` and `disarm()`), the first signal only
-records itself; the loop sees it at the end of the current optimizer step (`stop_requested`),
-writes a `step_<N>` checkpoint and raises `TrainingInterrupted`, which the CLI turns into a
-one-line "resume with ..." message and exit status 128 + signal (130 for SIGINT, 143 for
-SIGTERM). Outside a loop (loading, evaluating), or at a second signal, the handler raises
-`KeyboardInterrupt` at once: checkpoints are written atomically, so the last complete one stays
-usable whenever the process stops.
+records itself; the loop sees it (`stop_requested`) at the next point where a checkpoint resumes
+exactly, writes a `step_<N>` checkpoint there and raises `TrainingInterrupted`, which the CLI
+turns into a one-line "resume with ..." message and exit status 128 + signal (130 for SIGINT,
+143 for SIGTERM). That point is the end of the current optimizer step for supervised loops
+(SFT, RM, DPO: the data position is saved with it) and the end of the current episode for
+online RL (PPO, GRPO: the episode's experience lives only in memory). Outside a loop (loading
+models and data), or at a second signal, the handler raises `KeyboardInterrupt` at
+once: checkpoints are written atomically, so the last complete one stays usable whenever the
+process stops.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ logger = logging.getLogger("olingo.trainer")
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _armed = 0  # training loops running in this process (nested fits are possible in experiments)
 _received: int | None = None  # the signal number recorded while armed
+_stop_at: list[str] = []  # where each armed loop honours a stop ("optimizer step", "episode")
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -46,7 +50,8 @@ def _handler(signum: int, frame: object) -> None:
     global _received
     if _armed and _received is None:
         _received = signum
-        logger.warning("%s: stopping after the current optimizer step and writing a checkpoint (send it again to stop at once)", signal.Signals(signum).name)
+        where = _stop_at[-1] if _stop_at else "optimizer step"
+        logger.warning("%s: stopping at the end of the current %s and writing a checkpoint (send it again to stop at once)", signal.Signals(signum).name, where)
         return
     raise KeyboardInterrupt(signum)
 
@@ -67,15 +72,19 @@ def handle_stop_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def arm() -> None:
-    """A training loop starts: the first signal from now on is a request to stop cleanly."""
+def arm(stop_at: str = "optimizer step") -> None:
+    """A training loop starts: the first signal from now on is a request to stop cleanly, at the
+    end of the loop's current `stop_at` (named in the warning the signal logs)."""
     global _armed
     _armed += 1
+    _stop_at.append(stop_at)
 
 
 def disarm() -> None:
     global _armed
     _armed = max(0, _armed - 1)
+    if _stop_at:
+        _stop_at.pop()
 
 
 def stop_requested(plugin=None) -> int | None:  # noqa: ANN001 - an olingo.booster Plugin

@@ -41,15 +41,17 @@ class LoopRun:
 @contextmanager
 def loop_scope(
     state: LoopState, callbacks: Sequence[Callback], save_dir: Path | None, saved_rows: Sequence[ManifestRow], *, fit_hooks: bool = False,
+    stop_at: str = "optimizer step",
 ) -> Iterator[LoopRun]:
     """The hooks around a training loop, in a try/finally (see the module docstring).
 
     `callbacks` and `saved_rows` are read when the scope closes, so callbacks installed and
-    checkpoints saved inside the loop are seen.
+    checkpoints saved inside the loop are seen. `stop_at` names where the body honours a stop
+    signal (`interrupt.arm`): "optimizer step", or "episode" for online RL.
     """
     run, t0, error = LoopRun(), time.time(), None
     dispatch(callbacks, "on_train_start", state)
-    interrupt.arm()
+    interrupt.arm(stop_at)
     try:
         if fit_hooks:
             dispatch(callbacks, "on_fit_start")

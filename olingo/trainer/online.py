@@ -5,6 +5,8 @@ The loop, as the hooks see it (REFERENCE.md A1; docs/callbacks.md has the full o
     _before_fit(...)                                   dataloaders, default loggers
     on_train_start(state)
     on_fit_start()
+    evaluation of the starting policy (step 0; fresh runs only)   -> on_eval
+    resumed: the evaluations due at the checkpoint's step         -> on_eval, on_benchmark_eval
     for episode in start_episode .. num_episodes-1:
         on_episode_start(episode)
         for collect_step in range(num_collect_steps):
@@ -20,14 +22,18 @@ The loop, as the hooks see it (REFERENCE.md A1; docs/callbacks.md has the full o
         checkpoint if a multiple of save_interval was crossed -> on_checkpoint
         evaluation if a multiple of eval_interval was crossed -> on_eval
         in-loop evaluators whose `every` was crossed     -> on_eval, on_benchmark_eval
-    evaluation of the final policy (unless it just ran)           -> on_eval
-    final checkpoint
+        SIGINT/SIGTERM received during the episode: `step_<N>` checkpoint, stop (no evaluation)
+    evaluation of the final policy (unless it just ran)           -> on_eval   (not after a stop)
+    final checkpoint                                                          (not after a stop)
     on_fit_end()                                         in a finally
     on_train_end(state, artifacts)                       in a finally
 
 Checkpoints are taken at episode boundaries, where the on-policy buffer is empty: a checkpoint
 then needs no experience, and resuming from it is exact. `save_interval` still counts
 optimizer steps: a checkpoint is due at the end of the episode in which a multiple was reached.
+For the same reason Ctrl-C/SIGTERM is honoured at the end of the episode in flight, never in
+its middle (`_stop_at_boundary`). A boundary's checkpoint is taken before its evaluations and
+says so; a run resumed from it runs them first (`_run_pending_evaluations`).
 """
 
 from __future__ import annotations
@@ -48,7 +54,6 @@ from olingo.trainer._support import (
     check_stop_signal,
     default_callbacks,
     due_evaluators,
-    last_checkpoint_name,
     restore_callback_states,
     run_evaluator,
 )
@@ -63,8 +68,9 @@ class OLTrainer(ABC):
     """Online trainer base: episodes of experience collection then learning, with hooks.
 
     Arguments as ColossalChat's `OLTrainer` less its `critic_booster` (a critic belongs to the
-    trainers that have one), plus `coordinator`, `save_interval`, `save_dir` and
-    `eval_interval` (both intervals count optimizer steps; 0 = off).
+    trainers that have one), plus `coordinator`, `save_interval`, `save_dir`,
+    `eval_interval` (both intervals count optimizer steps; 0 = off) and `eval_before_training`
+    (evaluate the starting policy at step 0, so the gain of training is in the run's own log).
     """
 
     def __init__(
@@ -79,6 +85,7 @@ class OLTrainer(ABC):
         save_interval: int = 0,
         save_dir: str | None = None,
         eval_interval: int = 0,
+        eval_before_training: bool = True,
     ) -> None:
         self.actor_booster = actor_booster
         self.data_buffer = data_buffer
@@ -89,6 +96,8 @@ class OLTrainer(ABC):
         self.save_interval = save_interval
         self.save_dir = Path(save_dir) if save_dir else None
         self.eval_interval = eval_interval
+        self.eval_before_training = eval_before_training
+        self.initial_eval_metrics: dict[str, float] | None = None  # eval/* of the starting policy
         self.show_progress = True
         self.run_config: dict[str, Any] | None = None
         self.state = LoopState(is_master=self.coordinator.is_master)
@@ -100,6 +109,7 @@ class OLTrainer(ABC):
         self._last_saved_step = 0  # optimizer step of the last checkpoint (due checks)
         self._last_eval_step = 0
         self._episode_start_step = 0  # optimizer step before the current episode (evaluators)
+        self._pending_since: int | None = None  # a resumed checkpoint's evaluations still to run
         self.evaluators: list[Evaluator] = []  # scored on the live policy every `every` steps
 
     # ---- what a concrete trainer supplies ------------------------------------------------
@@ -143,19 +153,21 @@ class OLTrainer(ABC):
         state = self.state
         state.num_steps = num_episodes * self._steps_per_episode(num_collect_steps, num_update_steps)
         state.policy, state.tokenizer = self._policy()
-        with loop_scope(state, self.callbacks, self.save_dir, self._saved_rows, fit_hooks=True) as run:
+        with loop_scope(state, self.callbacks, self.save_dir, self._saved_rows, fit_hooks=True, stop_at="episode") as run:
+            self._eval_before_training()
+            self._run_pending_evaluations()
             for episode in range(self.start_episode, num_episodes):
                 state.epoch, self._episode_start_step = episode, state.step
                 self._run_episode(episode, num_collect_steps, num_update_steps)
                 self.start_episode = episode + 1
-                if state.extra.get("stop_signal"):
-                    break  # straight to the checkpoint: no evaluation
-                self._after_episode()
-                if state.stop_requested:
+                stopping = self._stop_at_boundary()  # a signal is honoured here only, between episodes
+                self._after_episode(stopping)
+                if stopping or state.stop_requested:
                     break
-            if not state.extra.get("stop_signal") and (self.last_eval_metrics is None or self._last_eval_step != state.step):
-                self._run_eval()  # the final policy is always evaluated
-            self._save_checkpoint(last_checkpoint_name(state))
+            if not state.extra.get("stop_signal"):  # a stop wrote its `step_<N>` checkpoint already
+                if self.last_eval_metrics is None or self._last_eval_step != state.step:
+                    self._run_eval()  # the final policy is always evaluated
+                self._save_checkpoint("final")
         return run.artifacts
 
     def _run_episode(self, episode: int, num_collect_steps: int, num_update_steps: int) -> None:
@@ -178,22 +190,64 @@ class OLTrainer(ABC):
         finally:
             dispatch(self.callbacks, "on_episode_end", episode)
 
-    def _after_episode(self) -> None:
-        """Checkpoint and evaluate when a multiple of their interval was reached this episode."""
+    def _after_episode(self, stopping: bool = False) -> None:
+        """Checkpoint and evaluate when a multiple of their interval was reached this episode.
+
+        The checkpoint comes first and records that the evaluations of its step are still to run
+        (`pending_evaluations_since`), so a run resumed from it runs them before its next episode,
+        exactly as the uninterrupted run did. A stop (`stopping`) writes that checkpoint whether
+        or not one is due, and leaves the evaluations to the resumed run.
+        """
         step = self.state.step
-        if is_due(self.save_interval, self._last_saved_step, step):
-            self._save_checkpoint(f"step_{step}")
+        if stopping or is_due(self.save_interval, self._last_saved_step, step):
+            self._save_checkpoint(f"step_{step}", pending_since=self._episode_start_step)
+        if not stopping:
+            self._evaluate_boundary(self._episode_start_step)
+
+    def _evaluate_boundary(self, since: int) -> None:
+        """The evaluations and in-loop evaluators due in the optimizer steps (since, step]."""
+        step = self.state.step
         if is_due(self.eval_interval, self._last_eval_step, step):
             self._run_eval()
-        due = due_evaluators(self.evaluators, self._episode_start_step, step) if self.state.policy is not None else []
+        due = due_evaluators(self.evaluators, since, step) if self.state.policy is not None else []
         if due:  # every rank gathers a sharded policy; rank 0 alone evaluates it
             with self.actor_booster.gathered(self.state.policy):
                 for evaluator in due if self.coordinator.is_master else ():
                     run_evaluator(self.callbacks, self.state, evaluator)
 
+    def _eval_before_training(self) -> None:
+        """Evaluate the starting policy at step 0, so `eval/*` has a baseline to compare with.
+
+        Only at step 0: a run resumed later keeps the step-0 row its first process logged
+        (metrics.jsonl keeps rows before the resumed step), so it is not repeated. A run resumed
+        from a step-0 checkpoint evaluates again, and the logs drop the eval rows of the resumed
+        step first, so the row is replaced by an identical one (evaluation is seeded). The
+        training RNG stream is untouched: evaluation samples inside its own `fork_rng`.
+        """
+        if self.eval_before_training and self.state.step == 0:
+            self.initial_eval_metrics = self._run_eval()
+
     def _after_step(self, batch: Any, metrics: dict[str, float]) -> None:
         dispatch(self.callbacks, "on_step_end", self.state, self.state.step, batch, metrics)
-        check_stop_signal(self.state, self.actor_booster.plugin)
+
+    def _stop_at_boundary(self) -> bool:
+        """At the end of an episode: whether SIGINT/SIGTERM arrived (on any rank) during it, which
+        ends the loop with a `step_<N>` checkpoint (one collective per episode under DDP/FSDP).
+
+        A signal is not honoured mid-episode: the rest of the episode's optimizer steps learn on
+        experience that lives only in memory, so a checkpoint there could not resume exactly.
+        The episode finishes first (a second signal stops at once; the last complete checkpoint
+        stays), and the checkpoint is the state an uninterrupted run has at that boundary.
+        """
+        return check_stop_signal(self.state, self.actor_booster.plugin)
+
+    def _run_pending_evaluations(self) -> None:
+        """A run resumed from an episode-boundary checkpoint first runs the evaluations that were
+        due at that boundary: the checkpoint was taken before them, and the loggers dropped any
+        eval rows of that step on resume (`kept_on_resume`)."""
+        since, self._pending_since = self._pending_since, None
+        if since is not None and self.state.step > 0:
+            self._evaluate_boundary(since)
 
     def _run_eval(self) -> dict[str, float] | None:
         self._last_eval_step = self.state.step
@@ -213,11 +267,16 @@ class OLTrainer(ABC):
     def _checkpoints(self) -> CheckpointManager:
         return CheckpointManager(self.save_dir, self.coordinator)
 
-    def _save_checkpoint(self, name: str) -> None:
+    def _save_checkpoint(self, name: str, pending_since: int | None = None) -> None:
+        """`pending_since`: taken before the evaluations due in the steps (pending_since, step]."""
         self._last_saved_step = self.state.step
         if self.save_dir is None:
             return
-        row = self._checkpoints().save(name, self.state.step, self.start_episode, 0, self._write_checkpoint)
+        self._pending_since = pending_since  # read by `_loop_state` while the checkpoint is written
+        try:
+            row = self._checkpoints().save(name, self.state.step, self.start_episode, 0, self._write_checkpoint)
+        finally:
+            self._pending_since = None
         self._saved_rows.append(row)
         dispatch(self.callbacks, "on_checkpoint", self.state, row)
 
@@ -228,6 +287,7 @@ class OLTrainer(ABC):
             "episode": self.start_episode,  # the next episode to run
             "num_steps": self.state.num_steps,
             "last_eval_step": self._last_eval_step,
+            "pending_evaluations_since": self._pending_since,  # see `_run_pending_evaluations`
             "callbacks": callback_states(self.callbacks),
         }
 
@@ -236,6 +296,7 @@ class OLTrainer(ABC):
         self.start_episode = trainer_state["episode"]
         self._last_saved_step = trainer_state["step"]
         self._last_eval_step = trainer_state.get("last_eval_step", 0)
+        self._pending_since = trainer_state.get("pending_evaluations_since")
         self._pending_callback_states = trainer_state.get("callbacks", {})
 
     # ---- callbacks ------------------------------------------------------------------------------

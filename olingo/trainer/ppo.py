@@ -89,7 +89,8 @@ class PPOTrainer(OLTrainer):
     shortcuts; the seed's `kl_coef` keyword sets its coefficient), `reward_shaping`
     (`RewardShaping`: normalisation, clipping, placement, truncation penalty), `engine` (the
     `RolloutEngine` to generate with; default transformers `generate` on the actor),
-    `eval_interval` (optimizer steps), `accuracy_fn` ((prompt, response, gt_answer) -> float,
+    `eval_interval` (optimizer steps), `eval_before_training` (evaluate the starting policy at
+    step 0; default on, acts only when `fit` gets an `eval_dataloader`), `accuracy_fn` ((prompt, response, gt_answer) -> float,
     counted correct when > 0) and `eval_generate_kwargs` for held-out evaluation.
     `ptx_coef > 0` needs a `pretrain_dataloader` in `fit` (checked when fit starts).
     """
@@ -131,6 +132,7 @@ class PPOTrainer(OLTrainer):
         engine: RolloutEngine | None = None,
         tis_cap: float | None = None,
         eval_interval: int = 0,
+        eval_before_training: bool = True,
         accuracy_fn: Callable[[str, str, str | None], float] | None = None,
         eval_generate_kwargs: dict[str, Any] | None = None,
         **generate_kwargs: Any,
@@ -148,6 +150,7 @@ class PPOTrainer(OLTrainer):
         super().__init__(
             actor_booster, buffer, sample_buffer, dataloader_pin_memory, callbacks,
             coordinator=coordinator, save_interval=save_interval, save_dir=save_dir, eval_interval=eval_interval,
+            eval_before_training=eval_before_training,
         )
         self.learner = learner
         self.actor, self.critic, self.reward_model, self.initial_model = actor, critic, reward_model, initial_model

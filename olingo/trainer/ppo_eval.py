@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from olingo.experience_maker import GenerationSettings, NaiveExperienceMaker
 from olingo.models.functional import kl_estimate
-from olingo.models.rlvr import RewardFn
+from olingo.models.rewards import RewardFunction, reward_function
 
 
 @torch.no_grad()
@@ -20,7 +20,7 @@ def evaluate_policy(
     loader: DataLoader,
     generation: GenerationSettings,
     *,
-    accuracy_fn: RewardFn | None = None,
+    accuracy_fn: RewardFunction | Callable[..., Any] | str | None = None,
     seed: int = 0,
     all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -31,10 +31,14 @@ def evaluate_policy(
     per-token log-ratio to the reference model: the sequence KL estimate; absent when the maker
     has no reference model), response_length,
     truncated (share cut off without a stop) and, when `accuracy_fn` is given and prompts carry
-    a gt_answer, accuracy (share with accuracy_fn(...) > 0). Sampling runs under its own seed
+    a gt_answer, accuracy (share of those rows where it is > 0). `accuracy_fn` is a reward
+    function (a callable, a registered name or an import path) and is called as training calls
+    reward functions: single-row or batched, with the row fields it names (see
+    `olingo.models.rewards`). Sampling runs under its own seed
     inside `fork_rng`, so every evaluation draws the same noise (before/after comparisons are
     paired) and the training RNG stream is left exactly as it was.
     """
+    accuracy = reward_function(accuracy_fn) if accuracy_fn is not None else None
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     totals = torch.zeros(6, dtype=torch.float64)  # n, reward, reward^2, kl, length, truncated
     correct = torch.zeros(2, dtype=torch.float64)  # correct, scored
@@ -50,11 +54,8 @@ def evaluate_policy(
             reward = scored.raw_score.double().cpu()
             totals += torch.tensor([len(reward), reward.sum(), (reward**2).sum(), kl.sum(), mask.sum(), scored.rollout.truncated.sum()], dtype=torch.float64)
             rows = scored.samples()
-            if accuracy_fn is not None:
-                for row in rows:
-                    if row["gt_answer"] is not None:
-                        row["correct"] = accuracy_fn(row["prompt"], row["response"], row["gt_answer"]) > 0
-                        correct += torch.tensor([float(row["correct"]), 1.0], dtype=torch.float64)
+            if accuracy is not None:
+                correct += mark_correct(accuracy, rows, batch.get("row_fields"))
             samples.extend(rows)
     if all_reduce_sum is not None:
         totals, correct = all_reduce_sum(totals), all_reduce_sum(correct)
@@ -72,3 +73,22 @@ def evaluate_policy(
     if correct[1] > 0:
         metrics["accuracy"] = float(correct[0] / correct[1])
     return metrics, samples
+
+
+def mark_correct(accuracy: RewardFunction, rows: list[dict[str, Any]], row_fields: dict[str, list[Any]] | None) -> torch.Tensor:
+    """Set `correct` (value > 0) on the `rows` (one evaluation batch's samples) that have a
+    gt_answer, scoring them in one `accuracy.values` call, the call training makes: batched
+    functions get the whole batch, and each row its own row fields (a prompt answered n times
+    repeats its fields n times, as the group maker does). Returns [correct, scored] (float64)."""
+    fields = row_fields or {}
+    per_prompt = len(rows) // len(next(iter(fields.values()))) if fields else 1
+    scored = [i for i, row in enumerate(rows) if row["gt_answer"] is not None]
+    if not scored:
+        return torch.zeros(2, dtype=torch.float64)
+    values = accuracy.values(
+        [rows[i]["prompt"] for i in scored], [rows[i]["response"] for i in scored], [rows[i]["gt_answer"] for i in scored],
+        {name: [column[i // per_prompt] for i in scored] for name, column in fields.items()},
+    )
+    for i, value in zip(scored, values.tolist(), strict=True):
+        rows[i]["correct"] = value > 0
+    return torch.tensor([float((values > 0).sum()), float(len(scored))], dtype=torch.float64)

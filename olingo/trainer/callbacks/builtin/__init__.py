@@ -9,7 +9,7 @@
 | `progress`                         | `ProgressBar`       | a tqdm bar on stderr                                 |
 | `print_progress` (`print_metrics`) | `PrintMetrics`      | log lines per N steps, per run, per benchmark (logger `olingo.metrics`) |
 | `early_stopping`                   | `EarlyStopping`     | nothing; calls `state.request_stop()`                |
-| `rollout_samples`                  | `RolloutSamples`    | `samples.jsonl`: decoded rollouts every N steps (PPO) |
+| `rollout_samples`                  | `RolloutSamples`    | `samples.jsonl`: decoded rollouts at step 1, then every N steps (PPO, GRPO) |
 | `performance`                      | `PerformanceEvaluator` | `perf.json`: generation vs learning time, throughput (PPO) |
 | `local_logger`                     | `LocalLogger` (in `olingo.experiment.local_logger`) | `evals.jsonl`, `predictions/`, `result.json`, `summary.md`; `<exp>/experiment.md` |
 | `debug_logger`                     | `DebugLogger`       | `hooks.jsonl`: every hook call in order               |

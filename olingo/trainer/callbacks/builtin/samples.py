@@ -16,7 +16,9 @@ SAMPLE_COLUMNS = ("step", "prompt", "response", "gt_answer", "reward", "truncate
 @register_callback("rollout_samples")
 class RolloutSamples(Callback):
     """Append `num_samples` rollouts of the current episode to `<run_dir>/samples.jsonl`
-    every `every` optimizer steps (one JSON object per rollout, with its step).
+    at the first optimizer step and then every `every` steps (steps 1, N, 2N, ...; one JSON
+    object per rollout, with its step), so even a short run shows what the policy says.
+    The steps are absolute, so a resumed run writes the rows the uninterrupted one would.
 
     The trainer puts the texts of its latest experience batch in `state.extra["rollout_samples"]`.
     The same rows are handed to W&B as a table: they are left in `state.extra["samples_table"]`,
@@ -45,13 +47,18 @@ class RolloutSamples(Callback):
 
     def on_step_end(self, state: LoopState, step_idx: int, batch: Any, metrics: dict[str, float]) -> None:
         samples = state.extra.get("rollout_samples")
-        if self._fh is None or not samples or self.every <= 0 or step_idx % self.every:
+        if self._fh is None or not samples or not self.is_due(step_idx):
             return
         rows = [{"step": step_idx, **sample} for sample in samples[: self.num_samples]]
         for row in rows:
             self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
         state.extra["samples_table"] = {"step": step_idx, "columns": list(SAMPLE_COLUMNS), "rows": [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]}
+
+    def is_due(self, step_idx: int) -> bool:
+        """Step 1 (the first look at the policy's answers), then every multiple of `every`
+        (0 or less: never)."""
+        return self.every > 0 and (step_idx == 1 or step_idx % self.every == 0)
 
     def on_train_end(self, state: LoopState, artifacts: LoopArtifacts) -> None:
         if self._fh is not None:
