@@ -137,7 +137,7 @@ def run_hf(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from olingo.engines import HFEngine
-    from olingo.experience_maker.naive import action_log_probs
+    from olingo.experience_maker.scoring import action_log_probs
 
     model = AutoModelForCausalLM.from_pretrained(spec["policy_dir"]).eval()
     tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"], padding_side="left")
@@ -168,8 +168,8 @@ def run_vllm(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from olingo.engines import VLLMEngine, VLLMSettings
-    from olingo.experience_maker.naive import action_log_probs
-    from olingo.models.functional import engine_mismatch
+    from olingo.experience_maker.scoring import action_log_probs
+    from olingo.rl.kl import engine_mismatch
 
     tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"], padding_side="left")
     imported = time.perf_counter() - started

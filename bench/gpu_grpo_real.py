@@ -32,10 +32,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from olingo.cli.demo_real import RealDemoSizes, evaluate_models, write_task_data  # noqa: E402
+from olingo.cli.report import write_report  # noqa: E402
 from olingo.config import load_config  # noqa: E402
 from olingo.recipes.common import packaged_config, resolve_model_path  # noqa: E402
 from olingo.recipes.grpo import GRPOConfig, run_grpo  # noqa: E402
-from olingo.report import write_report  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

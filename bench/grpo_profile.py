@@ -102,7 +102,7 @@ def spans_olingo(spec: dict) -> None:
     from olingo.engines import hf
     from olingo.experience_buffer import NaiveExperienceBuffer
     from olingo.experience_maker import group
-    from olingo.models.loss import GroupPolicyLoss
+    from olingo.rl.policy_loss import GroupPolicyLoss
     from olingo.trainer import grpo as grpo_module
     from olingo.trainer import grpo_learner, online
     from olingo.trainer.callbacks import Callback
@@ -194,9 +194,10 @@ def time_side_by_side(variants: dict, reps: int, before=None) -> None:
 
 
 def learn_pieces(spec: dict, reps: int) -> None:
-    from olingo.experience_maker.naive import policy_logits
-    from olingo.models.functional import entropy_from_logits, log_probs_from_logits, masked_mean
-    from olingo.models.loss import GroupPolicyLoss
+    from olingo.experience_maker.scoring import policy_logits
+    from olingo.rl.logprobs import entropy_from_logits, log_probs_from_logits
+    from olingo.rl.masked import masked_mean
+    from olingo.rl.policy_loss import GroupPolicyLoss
 
     model = AutoModelForCausalLM.from_pretrained(spec["policy_dir"]).train()
     B, A = spec["batch_size"] * spec["num_generations"], spec["response_length"]
@@ -247,7 +248,7 @@ def scoring_pieces(spec: dict, reps: int) -> None:
     from olingo.experience_maker.experience import make_experience_batch, split_experience_batch
     from olingo.experience_maker.group import GroupExperienceMaker
     from olingo.models.loading import load_causal_lm
-    from olingo.models.rewards import CompositeReward
+    from olingo.rewards.functions import CompositeReward
 
     tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"], padding_side="left")
     actor = load_causal_lm(spec["policy_dir"])

@@ -51,8 +51,8 @@ def run_olingo(spec: dict, clock: PhaseClock | None) -> dict:
     from olingo.dataset.prompts import PromptCollator
     from olingo.experience_maker.group import GroupExperienceConfig
     from olingo.models.loading import load_causal_lm
-    from olingo.models.rewards import CompositeReward
     from olingo.recipes.common import OptimizerConfig, optimizer_and_schedule
+    from olingo.rewards.functions import CompositeReward
     from olingo.trainer.callbacks import Callback
     from olingo.trainer.grpo import GRPOTrainer
     from olingo.trainer.grpo_learner import GRPOLossConfig

@@ -146,8 +146,8 @@ def measure(spec: dict) -> dict:
     import torch
     import transformers  # noqa: F401
 
+    from olingo.cli.plan import STAGE_CONFIGS
     from olingo.config import load_config
-    from olingo.plan import STAGE_CONFIGS
     from olingo.recipes.common import packaged_config, resolve_model_path
     from olingo.recipes.dpo import run_dpo
     from olingo.recipes.grpo import run_grpo
@@ -183,7 +183,7 @@ ALLOCATORS = {"glibc": {}, "mmap": {"MALLOC_MMAP_THRESHOLD_": "65536"}}
 
 
 def plan_of(stage: str, overrides: list[str]) -> tuple[float, dict[str, float]]:
-    from olingo.plan import run_plan
+    from olingo.cli.plan import run_plan
 
     plan, _, _ = run_plan(None, overrides, stage=stage)
     return plan.total / MIB, {r.component: r.nbytes / MIB for r in plan.rows}

@@ -148,28 +148,29 @@ def wrap_olingo(spans: Spans) -> None:
     from olingo.booster.plugin import base as plugin_base
     from olingo.engines import hf
     from olingo.experience_buffer import NaiveExperienceBuffer
-    from olingo.experience_maker import advantages, naive
+    from olingo.experience_maker import advantages
+    from olingo.experience_maker import ppo as ppo_maker
     from olingo.experience_maker.experience import Experience
-    from olingo.models.loss import PolicyLoss, ValueLoss
+    from olingo.rl.policy_loss import PolicyLoss, ValueLoss
     from olingo.trainer import online, ppo, ppo_learner
     from olingo.trainer.learner import TrainedModel
 
     for owner, attr, label in [
         (ppo.PPOTrainer, "_make_experience", "_make_experience"),
-        (naive.NaiveExperienceMaker, "make_experience", "make_experience"),
-        (naive.NaiveExperienceMaker, "rollout_and_score", "rollout_and_score"),
+        (ppo_maker.PPOExperienceMaker, "make_experience", "make_experience"),
+        (ppo_maker.PPOExperienceMaker, "rollout_and_score", "rollout_and_score"),
         (hf.HFEngine, "generate", "HFEngine.generate"),
         (hf, "build_generation_config", "build_generation_config"),
         (hf, "rollout_from_responses", "rollout_from_responses"),
-        (naive, "action_log_probs", "action_log_probs (scoring)"),
-        (naive, "action_values", "action_values (scoring)"),
-        (naive, "score_rollout", "score_rollout (decode, reward)"),
-        (naive, "kl_estimate", "kl_estimate"),
-        (naive, "per_token_rewards", "per_token_rewards"),
+        (ppo_maker, "action_log_probs", "action_log_probs (scoring)"),
+        (ppo_maker, "action_values", "action_values (scoring)"),
+        (ppo_maker, "score_rollout", "score_rollout (decode, reward)"),
+        (ppo_maker, "kl_estimate", "kl_estimate"),
+        (ppo_maker, "per_token_rewards", "per_token_rewards"),
         (advantages.GAE, "__call__", "GAE"),
-        (naive, "masked_whiten", "masked_whiten"),
-        (naive, "experience_info", "experience_info"),
-        (naive.ScoredRollout, "samples", "ScoredRollout.samples"),
+        (ppo_maker, "masked_whiten", "masked_whiten"),
+        (ppo_maker, "experience_info", "experience_info"),
+        (ppo_maker.ScoredRollout, "samples", "ScoredRollout.samples"),
         (NaiveExperienceBuffer, "append", "buffer.append (split into items)"),
         (NaiveExperienceBuffer, "collate_fn", "buffer.collate_fn (re-pad)"),
         (NaiveExperienceBuffer, "dataloader", "buffer.dataloader"),

@@ -29,7 +29,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "ppo_epochs": ("update_steps",),
     "num_iterations": ("update_steps",),  # TRL/DAPO's mu
     "mu": ("update_steps",),
-    "num_generation": ("num_generations",),  # coati's keyword
+    "num_generation": ("num_generations",),  # GRPOTrainer's keyword
     "group_size": ("num_generations",),
     "n_samples_per_prompt": ("num_generations",),  # OpenRLHF
     "epsilon": ("eps_low",),

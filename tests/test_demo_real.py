@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from olingo.models.verifiers import math_answer
+from olingo.rewards.verifiers import math_answer
 from olingo.tasks.word_problems import INSTRUCTION, WordProblemTask, ends_with_number
 
 

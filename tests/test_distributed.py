@@ -13,9 +13,10 @@ from olingo.booster.plugin import mixed_precision_policy, offload_policy, transf
 from olingo.config import ConfigError, load_config
 from olingo.dataset.sampler import ResumableSampler
 from olingo.models import RewardModel, load_causal_lm
-from olingo.models.functional import RunningMoments, masked_whiten
 from olingo.recipes.common import PluginConfig, enable_gradient_checkpointing
 from olingo.recipes.sft import SFTConfig
+from olingo.rl.masked import masked_whiten
+from olingo.rl.moments import RunningMoments
 
 
 def on_ranks(fn, inputs: list[tuple]) -> list:

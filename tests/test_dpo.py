@@ -1,6 +1,6 @@
 """DPOTrainer, ORPOTrainer, KTOTrainer in process: the loss record, invariance to accumulation,
 precomputed against live reference, LoRA's adapters-disabled reference, hooks and checkpoints,
-and one test per ColossalChat defect of REFERENCE.md E3."""
+and one test per ColossalChat defect of docs/coming-from-colossalchat.md."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from safetensors.torch import load_file
 
 from olingo.config import ConfigError, load_config
 from olingo.models import load_causal_lm
-from olingo.models.functional import sequence_log_probs
 from olingo.models.lora import adapters_disabled, apply_lora
-from olingo.models.loss import DPOLoss, SequenceLogps
 from olingo.recipes.common import packaged_config
 from olingo.recipes.dpo import DPOConfig, KTOConfig, ORPOConfig, run_dpo, run_kto, run_orpo
+from olingo.rl.logprobs import sequence_log_probs
+from olingo.rl.preference import DPOLoss, SequenceLogps
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.reference_cache import ReferencePrecompute, item_key
 from tests.conftest import read_jsonl
@@ -116,7 +116,7 @@ def test_reference_free_loss_refuses_a_reference(tmp_path, small_pref_file):
 @pytest.mark.parametrize("kind", ["dpo", "orpo", "kto"])
 def test_batch_8_equals_batch_2_times_accumulation_4(kind, tmp_path, pairs32):
     """The loss is the mean over the step's rows whatever the micro-batching (ColossalChat did not
-    divide by the accumulation steps, E3.1); KTO's reference point is the step's, not a micro-batch's."""
+    divide by the accumulation steps); KTO's reference point is the step's, not a micro-batch's."""
     a = run(kind, tmp_path, pairs32, "b8", "train.batch_size=8", "train.accumulation_steps=1")
     b = run(kind, tmp_path, pairs32, "b2a4", "train.batch_size=2", "train.accumulation_steps=4")
     assert a["steps"] == b["steps"] == (8 if kind == "kto" else 4)
@@ -199,7 +199,7 @@ def test_lora_dpo_loads_one_model_and_trains_only_adapters(tmp_path, small_pref_
     assert (Path(out["run_dir"]) / "checkpoints" / "final" / "model" / "lora" / "trainable.safetensors").is_file()
 
 
-# ---- hooks, checkpoints, ColossalChat's defects (REFERENCE.md E3) -----------------------------
+# ---- hooks, checkpoints, ColossalChat's defects (docs/coming-from-colossalchat.md) --------------
 class Recorder(Callback):
     def __init__(self) -> None:
         self.calls: list[tuple] = []
@@ -221,7 +221,7 @@ class Recorder(Callback):
 
 @pytest.mark.parametrize("interval, want", [(3, ["step_3", "step_6", "final"]), (0, ["final"])])
 def test_checkpoints_every_save_interval_steps_and_none_between_with_0(interval, want, tmp_path, pairs32):
-    """E3.3: ColossalChat saved at (step + 1) % interval (off by one) and divided by zero at 0."""
+    """ColossalChat saved at (step + 1) % interval (off by one) and divided by zero at 0."""
     rec = Recorder()
     run("orpo", tmp_path, pairs32, "ck", "train.batch_size=4", f"train.save_interval={interval}", callbacks=[rec])
     assert [name for kind, name in rec.calls if kind == "checkpoint"] == want
@@ -230,7 +230,7 @@ def test_checkpoints_every_save_interval_steps_and_none_between_with_0(interval,
 
 @pytest.mark.parametrize("kind", ["orpo", "kto"])
 def test_optimizer_steps_after_every_accumulation_steps_micro_batches(kind, tmp_path, pairs32, monkeypatch):
-    """E3.2: ColossalChat's ORPO and KTO stepped the optimizer at the wrong micro-batches."""
+    """ColossalChat's ORPO and KTO stepped the optimizer at the wrong micro-batches."""
     import importlib
 
     module = importlib.import_module(f"olingo.trainer.{kind}")
@@ -253,7 +253,7 @@ def test_optimizer_steps_after_every_accumulation_steps_micro_batches(kind, tmp_
 
 
 def test_orpo_never_turns_on_anomaly_detection_and_its_nll_covers_only_the_response(tmp_path, assets):
-    """E3.4: the first step's nll_loss, over all 8 pairs, equals the mean over rows of minus the
+    """The first step's nll_loss, over all 8 pairs, equals the mean over rows of minus the
     token-mean log-prob of the chosen response (prompt tokens excluded) under the start model."""
     from olingo.dataset.chat_tokens import encode_chat
     from olingo.models import load_tokenizer
@@ -277,7 +277,7 @@ def test_orpo_never_turns_on_anomaly_detection_and_its_nll_covers_only_the_respo
 
 
 def test_kto_evaluates_on_the_eval_set_and_never_gives_nan(tmp_path, assets):
-    """E3.5: ColossalChat's KTO evaluated on the training data and averaged empty subsets to NaN.
+    """ColossalChat's KTO evaluated on the training data and averaged empty subsets to NaN.
     Here the eval set is desirable rows only: eval has rewards/chosen and no rewards/rejected;
     with batch size 1 every training step lacks one of the two subsets, and nothing is NaN."""
     pairs = [json.loads(line) for line in assets.preference_train.read_text().splitlines()[:8]]

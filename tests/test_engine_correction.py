@@ -10,8 +10,8 @@ import torch
 
 from olingo.engines import GenerationSettings, Rollout
 from olingo.experience_maker.engine_logprobs import policy_log_probs
-from olingo.models.functional import engine_mismatch, truncated_is_weights
-from olingo.models.loss import GroupPolicyLoss, PolicyLoss
+from olingo.rl.kl import engine_mismatch, truncated_is_weights
+from olingo.rl.policy_loss import GroupPolicyLoss, PolicyLoss
 from olingo.trainer.rl_support import EngineSync, check_engine_correction
 
 LOG = math.log

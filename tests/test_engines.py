@@ -1,4 +1,4 @@
-"""Rollout engines: every engine holds to the sequence layout (DESIGN.md §4.1); the experience
+"""Rollout engines: every engine holds to the sequence layout (docs/engines.md); the experience
 maker and the PPO trainer generate only through the engine they are given; a learner without a
 critic builds, trains and checkpoints none."""
 
@@ -20,10 +20,10 @@ from olingo.engines import (
     repeat_prompts,
     rollout_from_responses,
 )
-from olingo.experience_maker import Experience, NaiveExperienceMaker
+from olingo.experience_maker import Experience, PPOExperienceMaker
 from olingo.models import load_causal_lm, load_tokenizer
 from olingo.models.critic import Critic
-from olingo.models.rlvr import RLVRRewardModel
+from olingo.rewards.rlvr import RLVRRewardModel
 from olingo.trainer.ppo import PPOTrainer
 from olingo.trainer.ppo_learner import PolicyLearner, PPOLearner
 
@@ -83,8 +83,8 @@ def encode(tok, text: str, stop: bool = True) -> list[int]:
 
 
 def check_layout(rollout: Rollout, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, pad: int) -> None:
-    """DESIGN §4.1: [left-padded prompt | response, right-padded]; the action mask covers the
-    response up to and including its stop token; every (B, A) tensor lines up with it."""
+    """The layout of docs/engines.md: [left-padded prompt | response, right-padded]; the action mask
+    covers the response up to and including its stop token; every (B, A) tensor lines up with it."""
     batch, prompt_width = input_ids.shape
     assert rollout.sequences.shape[0] == batch * n and rollout.num_prompt_tokens == prompt_width
     assert torch.equal(rollout.sequences[:, :prompt_width], input_ids.repeat_interleave(n, dim=0))
@@ -199,7 +199,7 @@ def test_learn_phase_without_a_critic_has_no_critic_anywhere(tok, assets, tmp_pa
     learner = PPOLearner(PolicyLearner(booster, actor, optim, None))
     assert learner.critic is None and learner.critic_learner is None
     # Experience without values/returns: the advantage here is the centred score, broadcast.
-    maker = NaiveExperienceMaker(actor, None, RLVRRewardModel(["arithmetic_exact"]), reference, tok, estimator=CentredScore(),
+    maker = PPOExperienceMaker(actor, None, RLVRRewardModel(["arithmetic_exact"]), reference, tok, estimator=CentredScore(),
                                  engine=ScriptedEngine(tok, [encode(tok, "2"), encode(tok, "5")]), generation=GenerationSettings(max_new_tokens=3))
     batch = prompt_batch(tok)
     experience = maker.make_experience(batch["input_ids"], batch["attention_mask"], ["2", "29", "48"])
@@ -221,7 +221,7 @@ def test_learn_phase_without_a_critic_has_no_critic_anywhere(tok, assets, tmp_pa
 
 def test_gae_without_a_critic_is_refused(tok, assets):
     actor = load_causal_lm(str(assets.model_dir))
-    maker = NaiveExperienceMaker(actor, None, RLVRRewardModel(["arithmetic_exact"]), actor, tok, engine=ScriptedEngine(tok, [encode(tok, "2")]))
+    maker = PPOExperienceMaker(actor, None, RLVRRewardModel(["arithmetic_exact"]), actor, tok, engine=ScriptedEngine(tok, [encode(tok, "2")]))
     batch = prompt_batch(tok)
     with pytest.raises(ValueError, match="'gae' needs a critic"):
         maker.make_experience(batch["input_ids"], batch["attention_mask"], ["2", "29", "48"])

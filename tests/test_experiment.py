@@ -1,5 +1,5 @@
 """Experiments end to end on the tiny model: hook order, loggers, report, failures, continual,
-early stopping, W&B offline, PPO arms, and the README's experiment command."""
+early stopping, W&B offline, PPO arms, and the experiment commands of docs/experiments.md."""
 
 from __future__ import annotations
 
@@ -328,13 +328,13 @@ def test_ppo_matrix_with_in_loop_benchmark(tmp_path, assets):
     assert ("on_benchmark_eval", "kl0.2", ("arithmetic", 1)) in run_calls and result.best_arm is None and result.conclusion.startswith("no clear winner")
 
 
-# ---- the README's experiment commands ---------------------------------------------------------------------
+# ---- docs/experiments.md's experiment commands ---------------------------------------------------------------------
 def test_readme_experiment_commands_run(tmp_path, small_sft, capsys, monkeypatch):
-    section = README.read_text().split("## Experiments", 1)[1].split("\n## ", 1)[0]
+    section = (README.parent / "docs" / "experiments.md").read_text().split("\n## ", 1)[0]  # the page's opening
     commands = [line.split("#")[0].split() for line in re.findall(r"```bash\n(.*?)```", section, flags=re.S)[0].splitlines() if line.startswith("olingo ")]
     run_cmd = next(c for c in commands if c[:3] == ["olingo", "experiment", "run"])
     report_cmd = next(c for c in commands if c[:2] == ["olingo", "report"])
-    monkeypatch.chdir(README.parent)  # the README's paths are relative to the repository
+    monkeypatch.chdir(README.parent)  # the page's paths are relative to the repository
     shorten = [
         f"output_dir={tmp_path}", "matrix.base.train.epochs=1", "matrix.base.train.batch_size=8",
         f"matrix.base.data.train=[{small_sft['train']}]", f"matrix.base.data.eval=[{small_sft['eval']}]",

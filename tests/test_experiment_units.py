@@ -12,6 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from olingo.cli.report import (
+    Series,
+    _curves_by_arm,
+    band_over_seeds,
+    format_experiment_table,
+    load_experiment_result,
+    with_final_benchmarks,
+    write_experiment_report,
+)
 from olingo.config import ConfigError, load_config
 from olingo.experiment import (
     ArmResult,
@@ -29,15 +38,6 @@ from olingo.experiment.results import (
     mean_std,
     pick_best,
     rank_arms,
-)
-from olingo.report import (
-    Series,
-    _curves_by_arm,
-    band_over_seeds,
-    format_experiment_table,
-    load_experiment_result,
-    with_final_benchmarks,
-    write_experiment_report,
 )
 from olingo.trainer.callbacks import (
     Callback,

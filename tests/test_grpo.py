@@ -15,7 +15,7 @@ from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
 from olingo.errors import ModelLoadError
 from olingo.experience_maker.group import GroupExperienceConfig, GroupExperienceMaker
 from olingo.models import load_causal_lm, load_tokenizer
-from olingo.models.rewards import CompositeReward
+from olingo.rewards.functions import CompositeReward
 from olingo.trainer.grpo import GRPOTrainer
 from olingo.trainer.grpo_learner import GRPOLossConfig
 from tests.conftest import kill_when_logged, olingo_cmd, read_jsonl

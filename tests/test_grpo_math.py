@@ -10,18 +10,15 @@ import torch
 
 from olingo.experience_maker.advantages import AdvantageInputs, build_group_estimator
 from olingo.experience_maker.group import groups_with_signal
-from olingo.models.functional import (
-    aggregate_loss,
-    clipped_surrogate,
+from olingo.rl.advantages import (
     dr_grpo_advantages,
     grpo_advantages,
-    loss_units,
     overlong_penalty,
     reinforce_pp_advantages,
     reward_to_go,
     rloo_advantages,
 )
-from olingo.models.loss import GroupPolicyLoss
+from olingo.rl.policy_loss import GroupPolicyLoss, aggregate_loss, clipped_surrogate, loss_units
 
 # Two groups of G=3: rewards (1, 0, 0) and (2, 2, 2).
 SCORES = torch.tensor([1.0, 0.0, 0.0, 2.0, 2.0, 2.0])

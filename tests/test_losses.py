@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from olingo.models.loss import LogExpLoss, LogSigLoss
+from olingo.rl.preference import LogExpLoss, LogSigLoss
 
 
 def test_logsig_hand_values():
@@ -39,3 +39,15 @@ def test_losses_have_finite_gradients_for_huge_margins():
     chosen = torch.tensor([-1000.0], requires_grad=True)
     LogExpLoss()(chosen, torch.tensor([1000.0])).backward()
     assert torch.isfinite(chosen.grad).all() and abs(chosen.grad.item() + 1.0) < 1e-6
+
+
+def test_the_colossalchat_loss_path_re_exports_the_rl_classes():
+    """`olingo.models.loss` is ColossalChat's documented path (`coati.models.loss`): the same
+    classes as olingo.rl, not copies, so both paths train identically."""
+    from olingo.models import loss
+    from olingo.rl import logprobs, policy_loss, preference
+
+    assert (loss.PolicyLoss, loss.ValueLoss) == (policy_loss.PolicyLoss, policy_loss.ValueLoss)
+    assert (loss.LogSigLoss, loss.LogExpLoss) == (preference.LogSigLoss, preference.LogExpLoss)
+    assert loss.GPTLMLoss is logprobs.GPTLMLoss
+

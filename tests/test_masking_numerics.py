@@ -14,8 +14,8 @@ import torch
 from olingo.experience_maker import Experience
 from olingo.experience_maker.experience import experience_info
 from olingo.experience_maker.kl_controller import AdaptiveKLController
-from olingo.models.functional import kl_estimate
-from olingo.models.loss import GPTLMLoss, token_nll
+from olingo.rl.kl import kl_estimate
+from olingo.rl.logprobs import GPTLMLoss, token_nll
 
 
 def _overflowing_log_probs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

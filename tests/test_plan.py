@@ -11,13 +11,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from olingo.cli.plan import load_stage_config, plan_ppo, plan_sft
 from olingo.config import ConfigError, load_config
 from olingo.models import load_causal_lm
-from olingo.models.loss import token_nll
-from olingo.plan import load_stage_config, plan_ppo, plan_sft
 from olingo.recipes.common import build_optimizer
 from olingo.recipes.ppo import PPOConfig
 from olingo.recipes.sft import SFTConfig
+from olingo.rl.logprobs import token_nll
 
 TOLERANCE = 0.10  # measured 0.93-1.06 x on this machine (docs/plan.md)
 
@@ -90,7 +90,7 @@ def test_ppo_plan_counts_kv_cache_shards_with_fsdp_and_trains_only_adapters_unde
 
 
 def test_grpo_plan_has_no_critic_a_reference_only_with_kl_and_the_kv_cache_of_one_generate_call(assets):
-    from olingo.plan import plan_grpo
+    from olingo.cli.plan import plan_grpo
     from olingo.recipes.grpo_config import GRPOConfig
 
     args = [f"model.actor={assets.model_dir}", "data.max_prompt_length=64", "generation.max_new_tokens=64", "loop.rollout_batch_size=4",
@@ -131,7 +131,7 @@ def test_cli_prints_the_table_warns_when_it_does_not_fit_and_exits_2_on_bad_conf
 
 
 def test_dpo_family_plans_count_the_reference_only_when_it_is_separate():
-    from olingo.plan import run_plan
+    from olingo.cli.plan import run_plan
 
     live, _, _ = run_plan(None, ["dpo.precompute_ref_log_probs=false"], stage="dpo")
     names = [r.component for r in live.rows]
@@ -148,7 +148,7 @@ def test_dpo_family_plans_count_the_reference_only_when_it_is_separate():
 
 
 def test_learning_peak_meets_activations_with_the_first_gradients_and_all_gradients_with_the_optimizer_step(monkeypatch):
-    from olingo.plan import ModelShape, Precision, learning_bytes, optimizer_step_bytes
+    from olingo.cli.plan import ModelShape, Precision, learning_bytes, optimizer_step_bytes
 
     shape = ModelShape(params=1000, trainable=1000, hidden=8, layers=2, heads=2, kv_dim=8, intermediate=16, vocab=50, lora_width=0, head=400, largest=400)
     fp32 = Precision(param=4, act=4)
@@ -166,7 +166,7 @@ def test_learning_peak_meets_activations_with_the_first_gradients_and_all_gradie
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_a_tied_output_head_is_counted_once_and_its_gradient_comes_first(tied, tmp_path):
-    from olingo.plan import model_shape
+    from olingo.cli.plan import model_shape
 
     config = LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, tie_word_embeddings=tied)
     LlamaForCausalLM(config).save_pretrained(tmp_path)
@@ -181,7 +181,7 @@ def test_a_tied_output_head_is_counted_once_and_its_gradient_comes_first(tied, t
 
 
 def test_grpo_plan_reference_parking_scoring_and_entropy(assets, monkeypatch):
-    from olingo.plan import plan_grpo
+    from olingo.cli.plan import plan_grpo
     from olingo.recipes.grpo_config import GRPOConfig
 
     args = [f"model.actor={assets.model_dir}", "data.max_prompt_length=64", "generation.max_new_tokens=32", "loop.rollout_batch_size=4",

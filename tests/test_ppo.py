@@ -27,7 +27,7 @@ from olingo.experience_maker import (
 )
 from olingo.models import RewardModel, load_causal_lm, load_tokenizer
 from olingo.models.critic import Critic
-from olingo.models.rlvr import RLVRRewardModel
+from olingo.rewards.rlvr import RLVRRewardModel
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.ppo import PPOTrainer
 from olingo.trainer.rm import score_pairs
@@ -445,14 +445,14 @@ def test_the_demo_reaches_its_documented_conclusions(tmp_path):
     from olingo.cli.demo import run_demo
 
     r = run_demo(str(tmp_path), print_table=False)
-    # SFT teaches the task: greedy accuracy 0.69-0.82 measured, from 0.
+    # SFT teaches the task: greedy accuracy 0.69-0.87 measured, from 0.
     assert r.base_greedy < 0.05 and r.sft_greedy > r.base_greedy + 0.5, (r.base_greedy, r.sft_greedy)
-    # The reward model ranks held-out pairs: 0.88-0.95 measured.
+    # The reward model ranks held-out pairs: 0.87-0.95 measured.
     assert r.rm_pair_accuracy > 0.8, r.rm_pair_accuracy
-    # GRPO, rewarded by the checker, raises sampled accuracy in every run (+0.17 to +0.22 measured).
-    # PPO raises the score of the reward model it is trained on (+1.3 to +2.3 measured), but not
+    # GRPO, rewarded by the checker, raises sampled accuracy in every run (+0.17 to +0.27 measured).
+    # PPO raises the score of the reward model it is trained on (+0.8 to +2.3 measured), but not
     # always the checked accuracy (-0.06 to +0.18: it can exploit the reward model's mistakes), so
-    # no PPO accuracy gain is asserted; both move away from the SFT model (KL 0.27 and up).
+    # no PPO accuracy gain is asserted; both move away from the SFT model (KL 0.24 and up).
     assert r.grpo["accuracy"] > r.before["accuracy"] + 0.1, (r.before["accuracy"], r.grpo["accuracy"])
     assert r.after["reward"] > r.before["reward"] + 0.5, (r.before["reward"], r.after["reward"])
     # The SFT row compares the SFT model with itself through the same call: no divergence at all
@@ -461,9 +461,29 @@ def test_the_demo_reaches_its_documented_conclusions(tmp_path):
     rows = [x for x in read_jsonl(tmp_path / "demo-ppo" / "metrics.jsonl") if x["split"] == "train"]
     first, last = rows[: len(rows) // 4], rows[-len(rows) // 4:]
     mean = lambda rs: sum(x["rollout/reward_mean"] for x in rs) / len(rs)  # noqa: E731
-    assert mean(last) > mean(first) + 0.5, (mean(first), mean(last))  # PPO's rollout reward: +1.6 to +2.5 measured, first to last quarter
+    assert mean(last) > mean(first) + 0.5, (mean(first), mean(last))  # PPO's rollout reward: +0.9 to +2.5 measured, first to last quarter
     assert (tmp_path / "demo-ppo" / "plots" / "reward.png").exists() and r.run_dirs["grpo"].endswith("demo-grpo")
 
 
 def test_resumable_sampler_is_used_for_prompts(assets, tok):
     assert isinstance(prompt_loader(assets, tok).sampler, ResumableSampler)
+
+
+def test_a_kl_coef_keyword_defers_to_the_section_or_disagrees_loudly(assets, tok):
+    """`kl_coef` (ColossalChat's keyword) and `experience_config.kl_coef` are one setting: the
+    keyword at its default defers to the section, and two different values are an error."""
+    actor, reference, critic, _ = models(assets, tok)
+    actor_booster, critic_booster = Booster(), Booster()
+    actor, actor_optim, *_ = actor_booster.boost(actor, torch.optim.AdamW(actor.parameters(), lr=1e-3))
+    critic, critic_optim, *_ = critic_booster.boost(critic, torch.optim.AdamW(critic.parameters(), lr=1e-3))
+
+    def trainer(**kwargs):
+        return PPOTrainer(
+            actor_booster, critic_booster, actor, critic, RLVRRewardModel(["arithmetic_exact"]), reference, actor_optim, critic_optim, None, None, tok,
+            ptx_coef=0.0, max_new_tokens=4, **kwargs,
+        )
+
+    assert trainer(experience_config=ExperienceConfig(kl_coef=0.05)).experience_maker.kl_ctl.value == 0.05
+    assert trainer(kl_coef=0.2).experience_maker.kl_ctl.value == 0.2
+    with pytest.raises(ValueError, match="kl_coef=0.2 .* disagrees with experience_config.kl_coef=0.05"):
+        trainer(kl_coef=0.2, experience_config=ExperienceConfig(kl_coef=0.05))

@@ -8,20 +8,12 @@ import torch
 from torch.distributions import Categorical
 
 from olingo.experience_maker.kl_controller import AdaptiveKLController, FixedKLController
-from olingo.models.functional import (
-    RunningMoments,
-    compute_gae,
-    entropy_from_logits,
-    explained_variance,
-    kl_estimate,
-    log_probs_from_logits,
-    masked_mean,
-    masked_sum,
-    masked_var,
-    masked_whiten,
-    per_token_rewards,
-)
-from olingo.models.loss import PolicyLoss, ValueLoss
+from olingo.rl.advantages import compute_gae, per_token_rewards
+from olingo.rl.kl import kl_estimate
+from olingo.rl.logprobs import entropy_from_logits, log_probs_from_logits
+from olingo.rl.masked import explained_variance, masked_mean, masked_sum, masked_var, masked_whiten
+from olingo.rl.moments import RunningMoments
+from olingo.rl.policy_loss import PolicyLoss, ValueLoss
 
 
 def close(actual: torch.Tensor, expected, tol: float = 1e-6) -> bool:

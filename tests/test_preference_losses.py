@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from olingo.models.loss import (
+from olingo.rl.preference import (
     dpo_loss,
     implicit_rewards,
     ipo_loss,

@@ -1,4 +1,4 @@
-"""Ray detached mode on a local Ray instance with 2 CPUs: the seed example, learning, weight
+"""Ray detached mode on a local Ray instance with 2 CPUs: ColossalChat's example, learning, weight
 sync, a killed maker, a failing maker, hooks on both sides, resume, and no process left behind.
 
 Every remote wait is bounded: the trainer's own call/experience timeouts, and `ray.get(...,
@@ -18,13 +18,13 @@ ray = pytest.importorskip("ray")
 
 from olingo.experience_maker import Experience, RewardShaping  # noqa: E402
 from olingo.models import load_causal_lm  # noqa: E402
-from olingo.models.rlvr import RLVRRewardModel  # noqa: E402
 from olingo.ray.detached_replay_buffer import ACCEPTED, CLOSED, FULL, DetachedReplayBuffer  # noqa: E402
 from olingo.ray.detached_trainer_base import DetachedTrainer  # noqa: E402
 from olingo.ray.detached_trainer_ppo import DetachedPPOTrainer  # noqa: E402
 from olingo.ray.experience_maker_holder import ExperienceMakerHolder  # noqa: E402
 from olingo.ray.weights import load_synced_state, state_dict_for_sync  # noqa: E402
 from olingo.recipes.ppo_ray import PPOModelsFn, PromptLoaderFn, TokenizerFn  # noqa: E402
+from olingo.rewards.rlvr import RLVRRewardModel  # noqa: E402
 from olingo.trainer.callbacks import Callback  # noqa: E402
 from tests.conftest import read_jsonl  # noqa: E402
 
@@ -126,12 +126,12 @@ class FileRecorder(Callback):
     def on_send_end(self): self._log("send_end")  # noqa: E704
 
 
-# ---- the seed's usage example ---------------------------------------------------------------------
+# ---- ColossalChat's usage example -----------------------------------------------------------------
 @pytest.mark.slow
-def test_seed_usage_example_runs_as_written(assets, actors):
+def test_colossalchat_usage_example_runs_as_written(assets, actors):
     actors.append(make_maker(assets, "maker_0", ["trainer_0"], batch_size=64))
 
-    # --- seed 001's example, with olingo imports ---
+    # --- ColossalChat's Ray example, with olingo imports ---
     from olingo.experience_maker import Experience  # noqa: F401 - the example's imports, as written
     from olingo.ray.detached_trainer_base import DetachedTrainer  # noqa: F401
 
@@ -321,14 +321,14 @@ def test_trainer_needs_maker_names():
 
 @pytest.mark.slow
 def test_readme_ray_example_runs(assets, actors, tmp_path, monkeypatch):
-    """The README's Ray Python example, with local paths, a short run, and this module's Ray."""
+    """The Ray Python example of docs/ray.md, with local paths, a short run, and this module's Ray."""
     import re
 
     from olingo.models import RewardModel
 
     rm_dir = tmp_path / "rm"
     RewardModel.from_pretrained(str(assets.model_dir), pad_token_id=0).save_pretrained(rm_dir)
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "ray.md").read_text()
     example = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "DetachedPPOTrainer.options(" in b)
     example = (
         example.replace('"path/to/sft"', repr(str(assets.model_dir))).replace('"path/to/rm"', repr(str(rm_dir)))
@@ -338,13 +338,13 @@ def test_readme_ray_example_runs(assets, actors, tmp_path, monkeypatch):
     )
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(example, "README.md", "exec"), namespace)
+    exec(compile(example, "docs/ray.md", "exec"), namespace)
     assert namespace["summary"]["steps"] == 8
     assert set(namespace["summary"]["makers"]) == {"maker_0", "maker_1"}
     assert (tmp_path / "run" / "checkpoints" / "final" / "actor" / "config.json").exists()
 
 
-# ---- no Ray needed: the trainer's buffer methods (seed 001) on a plain instance ------------------
+# ---- no Ray needed: the trainer's buffer methods on a plain instance ------------------
 class _PlainTrainer(DetachedTrainer):
     """A concrete `DetachedTrainer` used without Ray: its buffer methods are ordinary methods."""
 

@@ -27,7 +27,6 @@ from olingo.experience_maker.group import (  # noqa: E402
     groups_with_signal,
 )
 from olingo.models import load_causal_lm, load_tokenizer  # noqa: E402
-from olingo.models.rewards import CompositeReward  # noqa: E402
 from olingo.ray.detached_trainer_grpo import DetachedGRPOTrainer  # noqa: E402
 from olingo.ray.experience_maker_holder import ExperienceMakerHolder  # noqa: E402
 from olingo.ray.making import GroupMaking  # noqa: E402
@@ -40,6 +39,7 @@ from olingo.recipes.grpo_ray import (  # noqa: E402
     needs_old_log_probs,
 )
 from olingo.recipes.ppo_ray import PromptLoaderFn, TokenizerFn  # noqa: E402
+from olingo.rewards.functions import CompositeReward  # noqa: E402
 from olingo.trainer.grpo import GRPOTrainer  # noqa: E402
 from olingo.trainer.grpo_learner import GRPOLossConfig  # noqa: E402
 from tests.conftest import olingo_cmd, read_jsonl  # noqa: E402

@@ -10,12 +10,12 @@ ray = pytest.importorskip("ray")
 
 from olingo.models import load_causal_lm  # noqa: E402
 from olingo.models.lora import trainable_state  # noqa: E402
-from olingo.models.rlvr import RLVRRewardModel  # noqa: E402
 from olingo.ray.detached_trainer_ppo import DetachedPPOTrainer  # noqa: E402
 from olingo.ray.experience_maker_holder import ExperienceMakerHolder  # noqa: E402
 from olingo.ray.weights import load_synced_state, state_dict_for_sync, state_dict_nbytes  # noqa: E402
 from olingo.recipes.common import LoraSettings  # noqa: E402
 from olingo.recipes.ppo_ray import PPOModelsFn, PromptLoaderFn, TokenizerFn  # noqa: E402
+from olingo.rewards.rlvr import RLVRRewardModel  # noqa: E402
 from tests.conftest import read_jsonl  # noqa: E402
 from tests.test_ray import actors, digit_share, ray_instance  # noqa: E402, F401 - the module's Ray fixtures
 

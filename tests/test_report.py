@@ -1,4 +1,4 @@
-"""`olingo.report`: PNG curves and summaries from synthetic `metrics.jsonl` files."""
+"""`olingo.cli.report`: PNG curves and summaries from synthetic `metrics.jsonl` files."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.image import imread
 
-from olingo.report import (
+from olingo.cli.report import (
     Series,
     _kl_figure,
     _loss_figure,
@@ -418,7 +418,7 @@ def test_no_pyplot_state_is_touched(tmp_path):
     run_dir = sft_run(tmp_path / "sft")
     code = (
         "import sys;"
-        "from olingo.report import write_report; write_report(sys.argv[1]);"
+        "from olingo.cli.report import write_report; write_report(sys.argv[1]);"
         "assert 'matplotlib.pyplot' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code, str(run_dir)], check=True)

@@ -5,6 +5,7 @@ wrong number of values stops the run with a message naming it and the row."""
 from __future__ import annotations
 
 import math
+import sys
 import textwrap
 
 import pytest
@@ -15,7 +16,7 @@ from tests.conftest import read_jsonl
 pytestmark = pytest.mark.slow
 
 REWARDS = '''
-from olingo.models.rewards import batched
+from olingo.rewards import batched
 from olingo.tasks.arithmetic import is_correct
 
 
@@ -45,6 +46,8 @@ def my_pkg(tmp_path, monkeypatch):
     (package / "__init__.py").write_text("")
     (package / "rewards.py").write_text(textwrap.dedent(REWARDS))
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    for name in [n for n in sys.modules if n == "my_pkg" or n.startswith("my_pkg.")]:
+        monkeypatch.delitem(sys.modules, name)  # another test's my_pkg, cached in this process
     return package
 
 

@@ -14,17 +14,15 @@ import torch
 
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
 from olingo.errors import OlingoError
-from olingo.models.rewards import (
+from olingo.rewards.functions import CompositeReward, RewardScores, reward_function
+from olingo.rewards.registry import (
     REWARD_FUNCTIONS,
-    CompositeReward,
     RewardError,
-    RewardScores,
     batched,
     register_reward,
     resolve_reward,
-    reward_function,
 )
-from olingo.models.rlvr import RLVRRewardModel, get_reward_function
+from olingo.rewards.rlvr import RLVRRewardModel, get_reward_function
 
 PROMPTS = ["1+1=", "2+3=", "7-4="]
 RESPONSES = ["2", "5 ", "9"]
@@ -48,7 +46,7 @@ def batched_by_name(prompts: list[str], responses: list[str], gt_answers: list[s
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A module of the user's own on sys.path: `user_rewards_mod`."""
     (tmp_path / "user_rewards_mod.py").write_text(textwrap.dedent("""
-        from olingo.models.rewards import register_reward
+        from olingo.rewards import register_reward
 
         def contains_answer(prompt, response, gt_answer):
             return 1.0 if gt_answer in response else 0.0

@@ -83,7 +83,7 @@ class Recorder(Callback):
 
 def make_trainer(tmp_path, data_file, *, epochs=2, batch_size=16, accumulation=2, save_interval=2,
                  callbacks=(), loss_fn=None, eval_pairs=16):
-    """The seed-003 usage, with olingo imports: 64 pairs, 2 optimizer steps per epoch."""
+    """ColossalChat's `RewardModelTrainer` usage, with olingo imports: 64 pairs, 2 optimizer steps per epoch."""
     seed_everything(0)
     model_dir = resolve_path("builtin:tiny-llama")
     tokenizer = load_tokenizer(model_dir)

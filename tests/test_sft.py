@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from olingo.config import load_config
 from olingo.dataset import DataError, build_sft_dataset, parse_sft_row, tokenize_sft
 from olingo.dataset.sft import SFTCollator
-from olingo.models.loss import GPTLMLoss, token_nll
 from olingo.recipes.sft import SFTConfig, run_sft
+from olingo.rl.logprobs import GPTLMLoss, token_nll
 from olingo.tasks import build_char_tokenizer
 from tests.conftest import read_jsonl
 

@@ -18,12 +18,12 @@ import torch
 from safetensors.torch import load_file
 
 from olingo.config import load_config
-from olingo.experience_maker.naive import action_log_probs, policy_logits
+from olingo.experience_maker.scoring import action_log_probs, policy_logits
 from olingo.models import load_causal_lm
-from olingo.models.functional import log_probs_from_logits
 from olingo.models.lora import AdaptersDisabled, apply_lora, has_lora
 from olingo.recipes.common import enable_gradient_checkpointing, packaged_config
 from olingo.recipes.grpo_config import GRPOConfig
+from olingo.rl.logprobs import log_probs_from_logits
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.preference import response_logps
 from tests.conftest import read_jsonl
@@ -141,7 +141,7 @@ def test_grpo_with_the_adapters_disabled_reference_trains_exactly_as_with_a_full
     # near-zero KL terms); the KL grows as the adapters move away from the base.
     rows = lambda run: [{k: v for k, v in r.items() if not k.startswith(("time", "perf/"))} for r in read_jsonl(Path(run["run_dir"]) / "metrics.jsonl")]  # noqa: E731
     assert len(rows(view)) == len(rows(copy)) == 6
-    for mine, theirs in zip(rows(view), rows(copy)):
+    for mine, theirs in zip(rows(view), rows(copy), strict=True):
         assert mine.keys() == theirs.keys()
         assert mine == {k: pytest.approx(v, rel=1e-4, abs=1e-9) if isinstance(v, float) else v for k, v in theirs.items()}
     assert abs(rows(view)[0]["train/kl_loss"]) < START_KL_BOUND and rows(view)[-1]["train/kl_loss"] > 100 * START_KL_BOUND

@@ -18,14 +18,15 @@ from torch.utils.data import DataLoader
 from olingo.cli.main import main
 from olingo.dataset.prompts import PromptCollator
 from olingo.engines.settings import GenerationSettings, Rollout
-from olingo.experience_maker.naive import ScoredRollout
-from olingo.models.rewards import ProbeRow, RewardError, probe, reward_function
+from olingo.experience_maker.scoring import ScoredRollout
+from olingo.rewards.functions import ProbeRow, probe, reward_function
+from olingo.rewards.registry import RewardError
 from olingo.tasks.arithmetic import is_correct
 from olingo.trainer.ppo_eval import evaluate_policy
 from tests.conftest import read_jsonl
 
 USER_FUNCTIONS = '''
-from olingo.models.rewards import batched
+from olingo.rewards import batched
 from olingo.tasks.arithmetic import is_correct
 
 CALLS = []  # (prompt, rg_entry) of every call, to see which rows a function was called on

@@ -9,14 +9,9 @@ from fractions import Fraction
 
 import pytest
 
-from olingo.models.rewards import (
-    REWARD_FUNCTIONS,
-    CompositeReward,
-    RewardError,
-    register_reward,
-    resolve_reward,
-)
-from olingo.models.verifiers import (
+from olingo.rewards.functions import CompositeReward
+from olingo.rewards.registry import REWARD_FUNCTIONS, RewardError, register_reward, resolve_reward
+from olingo.rewards.verifiers import (
     ABS_TOL,
     DEFAULT_LENGTH_BUDGET,
     REL_TOL,
@@ -48,9 +43,9 @@ def test_every_new_name_resolves(name: str) -> None:
 
 
 @pytest.mark.slow  # a fresh interpreter per case
-@pytest.mark.parametrize("first", ["olingo.models.rewards", "olingo.models.verifiers"])
+@pytest.mark.parametrize("first", ["olingo.rewards.registry", "olingo.rewards.verifiers"])
 def test_names_exist_after_importing_either_module_first(first: str) -> None:
-    code = f"import {first}\nfrom olingo.models.rewards import resolve_reward\nprint(*(resolve_reward(n).__name__ for n in {sorted(NEW_NAMES)!r}))"
+    code = f"import {first}\nfrom olingo.rewards.registry import resolve_reward\nprint(*(resolve_reward(n).__name__ for n in {sorted(NEW_NAMES)!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == sorted(NEW_NAMES)
 
@@ -179,7 +174,7 @@ def test_regex_format_factory() -> None:
     try:
         assert score("test_verifiers_digits", ["123", "\n12\n"], [None, None]) == [1.0, 0.0]
         register_reward("test_verifiers_digits")(regex_format(r"\d+"))  # the same pattern again: fine
-        with pytest.raises(RewardError, match=r"'test_verifiers_digits' is taken by olingo.models.verifiers.regex_format\('\\\\d\+'\)"):
+        with pytest.raises(RewardError, match=r"'test_verifiers_digits' is taken by olingo.rewards.verifiers.regex_format\('\\\\d\+'\)"):
             register_reward("test_verifiers_digits")(regex_format(r"\w+"))
     finally:
         REWARD_FUNCTIONS.pop("test_verifiers_digits")

@@ -40,7 +40,7 @@ from olingo.engines import (
 from olingo.engines.vllm import checkpoint_shapes
 from olingo.experience_maker import policy_logits
 from olingo.models import load_causal_lm
-from olingo.models.functional import log_probs_from_logits
+from olingo.rl.logprobs import log_probs_from_logits
 from olingo.tasks.tiny_model import build_tiny_llama, save_pretrained_pair
 from olingo.tasks.tokenizer import build_char_tokenizer
 

@@ -23,16 +23,16 @@ from torch.utils.data import DataLoader
 from olingo.config import load_config
 from olingo.dataset import PreferenceCollator, build_preference_dataset
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
-from olingo.experience_maker import GenerationSettings, NaiveExperienceMaker
+from olingo.experience_maker import GenerationSettings, PPOExperienceMaker
 from olingo.models import RewardModel, load_causal_lm, load_tokenizer, stop_token_ids
-from olingo.models.rewards import CompositeReward
-from olingo.models.rlvr import arithmetic_exact
 from olingo.recipes.common import packaged_config, resolve_path
 from olingo.recipes.dpo import DPOConfig, run_dpo
 from olingo.recipes.grpo import GRPOConfig, run_grpo
 from olingo.recipes.ppo import PPOConfig, generate_kwargs, run_ppo
 from olingo.recipes.rm import RMConfig, run_rm
 from olingo.recipes.sft import SFTConfig, run_sft
+from olingo.rewards.functions import CompositeReward
+from olingo.tasks.arithmetic import arithmetic_exact
 from olingo.tasks.evaluate import greedy_accuracy
 from olingo.trainer.dpo import halves, pair_inputs
 from olingo.trainer.ppo_eval import evaluate_policy
@@ -66,7 +66,7 @@ def run_demo(
 ) -> DemoResult:
     """Run the four stages, evaluate before/after, write plots; overrides shorten it for tests.
     `seed` (None: each packaged config's run.seed) seeds every stage and the paired evaluation."""
-    from olingo.report import write_report
+    from olingo.cli.report import write_report
 
     common = [f"run.output_dir={output_dir}", "run.overwrite=true", *seed_overrides(seed)]
     sft = run_sft(load_config(SFTConfig, packaged_config("sft_tiny.yaml"), [*common, "run.name=demo-sft", *sft_overrides]))
@@ -128,7 +128,7 @@ def sampled_metrics(sft_model: str, trained: Sequence[str], reward: Any, cfg: PP
     results = []
     for actor_dir in (sft_model, *trained):
         actor = reference if actor_dir == sft_model else load_causal_lm(actor_dir).eval()
-        maker = NaiveExperienceMaker(actor, None, reward, reference, tokenizer, generation=settings)
+        maker = PPOExperienceMaker(actor, None, reward, reference, tokenizer, generation=settings)
         metrics, _ = evaluate_policy(maker, loader, settings, accuracy_fn=arithmetic_exact, seed=cfg.run.seed)
         results.append(metrics)
     return results
@@ -173,7 +173,7 @@ def run_dpo_demo(
     """SFT, then DPO from the SFT model (its reference too) on the embedded preference pairs;
     the SFT and DPO models compared on held-out prompts and pairs. Overrides shorten it for tests;
     `seed` as in `run_demo`."""
-    from olingo.report import write_report
+    from olingo.cli.report import write_report
 
     common = [f"run.output_dir={output_dir}", "run.overwrite=true", *seed_overrides(seed)]
     sft = run_sft(load_config(SFTConfig, packaged_config("sft_tiny.yaml"), [*common, "run.name=demo-sft", *sft_overrides]))

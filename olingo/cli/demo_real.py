@@ -29,14 +29,14 @@ from olingo.cluster import DistCoordinator
 from olingo.config import load_config
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
 from olingo.errors import OlingoError
-from olingo.experience_maker import ExperienceConfig, GenerationSettings, NaiveExperienceMaker
+from olingo.experience_maker import ExperienceConfig, GenerationSettings, PPOExperienceMaker
 from olingo.models import load_causal_lm, load_tokenizer, stop_token_ids
-from olingo.models.rewards import CompositeReward
-from olingo.models.verifiers import math_answer
 from olingo.recipes.common import packaged_config, resolve_model_path
 from olingo.recipes.dpo import DPOConfig, run_dpo
 from olingo.recipes.grpo import GRPOConfig, run_grpo
 from olingo.recipes.ppo import generate_kwargs
+from olingo.rewards.functions import CompositeReward
+from olingo.rewards.verifiers import math_answer
 from olingo.tasks.word_problems import WordProblemTask
 from olingo.trainer.ppo_eval import evaluate_policy
 
@@ -71,7 +71,7 @@ def run_real_demo(
     dpo_overrides: Sequence[str] = (), print_table: bool = True,
 ) -> RealDemoResult:
     """The whole pipeline; overrides and `sizes` shorten it for tests."""
-    from olingo.report import write_report
+    from olingo.cli.report import write_report
 
     started = time.monotonic()
     sizes = sizes or RealDemoSizes()
@@ -142,10 +142,10 @@ def evaluate_models(models: Sequence[str], prompts_file: str, cfg: GRPOConfig, s
     return results
 
 
-def _format_scoring_maker(actor: Any, reference: Any, tokenizer: Any, settings: GenerationSettings) -> NaiveExperienceMaker:
+def _format_scoring_maker(actor: Any, reference: Any, tokenizer: Any, settings: GenerationSettings) -> PPOExperienceMaker:
     """Rollouts scored by the format checker; KL to `reference`, or (None) no reference forward."""
     skip = reference is None
-    return NaiveExperienceMaker(
+    return PPOExperienceMaker(
         actor, None, CompositeReward({FORMAT_REWARD: 1.0}), actor if skip else reference, tokenizer, kl_coef=0.0,
         config=ExperienceConfig(skip_reference_when_kl_zero=skip), generation=settings,
     )

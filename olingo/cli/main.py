@@ -309,7 +309,7 @@ def _plan_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from olingo.plan import human, run_plan
+    from olingo.cli.plan import human, run_plan
 
     plan, table, fits = run_plan(str(args.config) if args.config else None, args.overrides, stage=args.stage, world_size=args.world_size)
     print(table)
@@ -320,8 +320,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_experiment_run(args: argparse.Namespace) -> int:
+    from olingo.cli.report import format_experiment_table
     from olingo.experiment import run_experiment
-    from olingo.report import format_experiment_table
 
     result = run_experiment(args.path, args.overrides)
     print(f"experiment directory: {result.output_dir}")
@@ -434,7 +434,7 @@ def _print_rl_result(result: dict[str, Any]) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from olingo.report import format_summary, is_experiment_dir, summarize, write_report
+    from olingo.cli.report import format_summary, is_experiment_dir, summarize, write_report
 
     for run_dir in args.run_dirs:
         if is_experiment_dir(run_dir):
@@ -451,7 +451,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _report_experiment(exp_dir: str, smooth: int | None) -> None:
-    from olingo.report import (
+    from olingo.cli.report import (
         format_experiment_table,
         load_experiment_result,
         write_experiment_report,

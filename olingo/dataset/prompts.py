@@ -16,7 +16,7 @@ raise, unless ``overlong`` is "truncate" (it keeps its end: the question and the
 or "skip"; both log how many rows they touched (olingo.dataset.limits).
 Every other field of a row (e.g. `{"prompt": ..., "tests": [...], "difficulty": 3}`) travels
 with the item, untouched, and comes out of `PromptCollator` as `batch["row_fields"]`, one list
-of B values per field, for reward functions (olingo.models.rewards).
+of B values per field, for reward functions (olingo.rewards).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every generation backend (transformers `generate` today; vLLM next) implements `
 
     generate(input_ids, attention_mask, settings, n=1) -> Rollout
         input_ids, attention_mask: (B, P) left-padded prompt token ids. Returns B * n rows,
-        prompt-major (row i * n + k is sample k of prompt i), laid out as DESIGN.md §4.1 says:
+        prompt-major (row i * n + k is sample k of prompt i), laid out as docs/engines.md says:
         `sequences = [left-padded prompt | response, right-padded]`, an action mask over the
         response up to and including its stop token, each row's finish reason ("stop" or
         "length"), and optionally the per-token log-probs of the sampled tokens.

@@ -1,5 +1,5 @@
 """The types every rollout engine shares: how to sample (`GenerationSettings`) and what comes back
-(`Rollout`, the sequence layout of DESIGN.md §4.1), plus the one rule for where a response ends.
+(`Rollout`, the sequence layout of docs/engines.md), plus the one rule for where a response ends.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _check_list(values: Any, kind: type, name: str, allow_empty: bool = False) -
 
 @dataclass
 class Rollout:
-    """One batch of generated responses in the shared sequence layout (DESIGN §4.1)."""
+    """One batch of generated responses in the shared sequence layout (docs/engines.md)."""
 
     sequences: torch.Tensor
     """(B, P + A) long: [left-padded prompt | response, right-padded with the pad id]."""
@@ -112,7 +112,7 @@ def concat_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
 
     Engines are called on bounded chunks of a batch (`inference_batch_size`); each chunk's
     responses are as wide as its own longest, so shorter ones are right-padded here (pad id in
-    `sequences`, 0/False in the masks, 0 in `log_probs`), which keeps the layout of §4.1.
+    `sequences`, 0/False in the masks, 0 in `log_probs`), which keeps that layout.
     """
     if not rollouts:
         raise ValueError("concat_rollouts needs at least one rollout")

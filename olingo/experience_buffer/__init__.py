@@ -90,8 +90,8 @@ class NaiveExperienceBuffer(Dataset):
         return self._rows.select(indices)
 
     def _check_size(self) -> None:
-        # A buffer smaller than one minibatch would otherwise train on nothing (coati's
-        # drop_last loader did exactly that, silently).
+        # A buffer smaller than one minibatch would otherwise train on nothing (a drop_last
+        # loader does exactly that, silently).
         if len(self) < self.sample_batch_size:
             raise ValueError(
                 f"experience buffer holds {len(self)} rollouts, fewer than one training batch "

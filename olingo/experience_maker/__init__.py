@@ -1,8 +1,10 @@
 """Experience making: rollouts (through an engine), scoring, KL penalty, advantages.
 
-See `naive.py` for the steps; `config.py` for the maker's typed settings; `advantages.py` for the
-advantage-estimator strategy. `GenerationSettings`, `Rollout` and `generate_rollout` live in
-`olingo.engines` and are re-exported here, where earlier code imported them from.
+See `ppo.py` for the steps of PPO's maker (`NaiveExperienceMaker` is its ColossalChat name),
+`group.py` for the GRPO family's, `scoring.py` for what both share; `config.py` for the maker's
+typed settings; `advantages.py` for the advantage-estimator strategy. `GenerationSettings`,
+`Rollout` and `generate_rollout` live in `olingo.engines` and are re-exported here, where
+earlier code imported them from.
 """
 
 from olingo.engines import GenerationSettings, Rollout, generate_rollout
@@ -20,13 +22,15 @@ from olingo.experience_maker.experience import (
     split_experience_batch,
 )
 from olingo.experience_maker.kl_controller import AdaptiveKLController, FixedKLController
-from olingo.experience_maker.naive import (
-    NaiveExperienceMaker,
+from olingo.experience_maker.ppo import PPOExperienceMaker
+from olingo.experience_maker.scoring import (
     ScoredRollout,
     action_log_probs,
     action_values,
     policy_logits,
 )
+
+NaiveExperienceMaker = PPOExperienceMaker  # ColossalChat's name for PPO's maker
 
 __all__ = [
     "GAE",
@@ -39,6 +43,7 @@ __all__ = [
     "FixedKLController",
     "GenerationSettings",
     "NaiveExperienceMaker",
+    "PPOExperienceMaker",
     "RewardShaping",
     "Rollout",
     "ScoredRollout",

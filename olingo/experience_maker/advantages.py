@@ -3,7 +3,7 @@
 An estimator turns one scored batch (`AdvantageInputs`) into per-token advantages and, when it
 trains a critic, returns (the critic's targets). `gae` needs the critic's values; the
 group-relative estimators of the GRPO family need none. The maths lives in
-`olingo.models.functional`; an estimator only picks the inputs and the function.
+`olingo.rl`; an estimator only picks the inputs and the function.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from typing import Literal, Protocol
 import torch
 
 from olingo.experience_maker.config import ExperienceConfig
-from olingo.models.functional import (
-    AllReduceSum,
+from olingo.rl.advantages import (
     compute_gae,
     dr_grpo_advantages,
     grpo_advantages,
@@ -23,6 +22,7 @@ from olingo.models.functional import (
     reward_to_go,
     rloo_advantages,
 )
+from olingo.rl.masked import AllReduceSum
 
 GroupEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
 
@@ -65,7 +65,7 @@ class GAE:
 @dataclass
 class GroupRelative:
     """A sequence advantage from each prompt's group of `group_size` responses (grpo, dr_grpo,
-    rloo; formulas in `olingo.models.functional`), given to every token of the response. With
+    rloo; formulas in `olingo.rl`), given to every token of the response. With
     the KL penalty in the reward, each token also gets the penalty still to come (reward-to-go
     of `kl_rewards`, gamma 1), as OpenRLHF does for its group estimators."""
 

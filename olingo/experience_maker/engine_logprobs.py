@@ -1,9 +1,9 @@
 """Which log-probs of the sampled tokens the learner divides by: the trainer's or the engine's.
 
 A rollout engine with its own copy of the weights (vLLM) reports log pi_engine of each token it
-sampled. The trainer's forward on the same weights gives log pi_old, and the two differ by
-kernels and precision (REFERENCE.md D3), so training on one while sampling from the other is
-quietly off-policy. Every such rollout therefore gets both, and the gap is logged:
+sampled. The trainer's forward on the same weights gives log pi_old, and the two differ by kernels
+and precision (docs/engines.md, "The log-prob mismatch"), so training on one while sampling from the
+other is quietly off-policy. Every such rollout therefore gets both, and the gap is logged:
     rollout/engine_logprob_abs_diff, rollout/engine_logprob_max_diff, rollout/engine_kl
 `old_logprobs` (experience section) chooses what the ratio uses: `trainer` (the default, what
 the policy being trained assigns) or `engine` (the behaviour policy itself). With `trainer`,
@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 
 from olingo.engines import Rollout
-from olingo.models.functional import engine_mismatch
+from olingo.rl.kl import engine_mismatch
 
 OldLogProbsSource = Literal["trainer", "engine"]
 

@@ -1,9 +1,10 @@
 """`Experience`: one batch of scored rollouts, everything the learn phase needs.
 
-Layout (DESIGN.md §4.1): `sequences = [left-padded prompt | response, right-padded]`, shape
-(B, P + A). Every per-token tensor is (B, A) and its column j is response token j; `action_mask`
-covers the response up to and including the stop token and nothing after. `values[:, j]` is the
-critic's value of the state *before* response token j (the prefix it was sampled from), and
+Layout (the one every engine returns, docs/engines.md):
+`sequences = [left-padded prompt | response, right-padded]`, shape (B, P + A). Every per-token
+tensor is (B, A) and its column j is response token j; `action_mask` covers the response up to and
+including the stop token and nothing after. `values[:, j]` is the critic's value of the state
+*before* response token j (the prefix it was sampled from), and
 `action_log_probs[:, j]` the log-probability of token j under the rollout policy. Without a
 critic, `values` and `returns` are None and no per-token tensor of theirs exists anywhere; the
 same holds for `base_action_log_probs` and `kl` without a reference model (GRPO with
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from olingo.models.functional import masked_sum
+from olingo.rl.masked import masked_sum
 
 # Fields with one (A,) row per sequence; `values` and `returns` exist only with a critic,
 # `base_action_log_probs` and `kl` only with a reference model, `engine_log_probs` only with

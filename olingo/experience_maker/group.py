@@ -13,7 +13,7 @@ One collect step of the GRPO family, as the algorithm reads (Shao et al. 2024; D
     4. `finish`: advantages of the final batch from the estimator (grpo, dr_grpo, rloo,
        reinforce_pp); batch-level statistics (REINFORCE++ whitening) see exactly the rows
        that will be trained on, on every rank
-The maths is in `olingo.models.functional`; this module wires models to it.
+The maths is in `olingo.rl`; this module wires models to it.
 """
 
 from __future__ import annotations
@@ -42,9 +42,16 @@ from olingo.experience_maker.experience import (
     make_experience_batch,
     split_experience_batch,
 )
-from olingo.experience_maker.naive import ScoredRollout, _on, action_log_probs, score_rollout
-from olingo.models.functional import AllReduceSum, kl_estimate, overlong_penalty, per_token_rewards
-from olingo.models.rewards import CompositeReward
+from olingo.experience_maker.scoring import (
+    ScoredRollout,
+    action_log_probs,
+    score_rollout,
+    to_model_device,
+)
+from olingo.rewards.functions import CompositeReward
+from olingo.rl.advantages import overlong_penalty, per_token_rewards
+from olingo.rl.kl import kl_estimate
+from olingo.rl.masked import AllReduceSum
 
 
 class GroupExperienceConfig(StrictModel):
@@ -152,7 +159,7 @@ class GroupExperienceMaker:
         """log pi(response tokens) under `model`, `logits_forward_batch_size` rows at a time: (B, A)."""
         seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
         step = self.config.logits_forward_batch_size or seq.shape[0]
-        parts = [action_log_probs(model, *_on(model, seq[i : i + step], mask[i : i + step]), num_actions, temperature) for i in range(0, seq.shape[0], step)]
+        parts = [action_log_probs(model, *to_model_device(model, seq[i : i + step], mask[i : i + step]), num_actions, temperature) for i in range(0, seq.shape[0], step)]
         return torch.cat(parts).to(seq.device)
 
     @torch.no_grad()

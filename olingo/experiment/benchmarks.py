@@ -26,7 +26,7 @@ from olingo.config import ConfigError, StrictModel
 from olingo.config_errors import did_you_mean
 from olingo.experiment.config import BenchmarkSpec
 from olingo.experiment.results import EvalResult
-from olingo.trainer._support import EvalOutput
+from olingo.trainer.loop_support import EvalOutput
 
 OPERATOR = re.compile(r"\d\s*([+\-*/x])\s*\d")
 
@@ -145,7 +145,7 @@ def build_benchmark(spec: BenchmarkSpec) -> ArithmeticBenchmark:
 
 @dataclass
 class InLoopBenchmark:
-    """A benchmark as a trainer evaluator (`olingo.trainer._support.Evaluator`) for one run."""
+    """A benchmark as a trainer evaluator (`olingo.trainer.loop_support.Evaluator`) for one run."""
 
     benchmark: ArithmeticBenchmark
     tags: dict[str, str]

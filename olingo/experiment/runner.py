@@ -54,7 +54,7 @@ from olingo.experiment.results import (
 )
 from olingo.recipes.common import build_callbacks
 from olingo.trainer.callbacks import Callback, LogContext, LoopArtifacts, LoopState, dispatch
-from olingo.trainer.callbacks.builtin._common import as_number
+from olingo.trainer.callbacks.builtin.metric_output import as_number
 
 logger = logging.getLogger("olingo.experiment")
 

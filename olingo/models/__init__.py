@@ -1,4 +1,5 @@
-"""Models: loading from Hugging Face directories, `RewardModel`, losses."""
+"""Models: loading from Hugging Face directories, `RewardModel`, and the ColossalChat loss names
+(`olingo.models.loss`; the losses live in `olingo.rl`)."""
 
 from olingo.models.loading import (
     load_backbone,
@@ -9,7 +10,7 @@ from olingo.models.loading import (
     set_chat_template,
     stop_token_ids,
 )
-from olingo.models.loss import GPTLMLoss, LogExpLoss, LogSigLoss, token_nll
+from olingo.models.loss import GPTLMLoss, LogExpLoss, LogSigLoss
 from olingo.models.reward_model import RewardModel
 from olingo.models.sources import resolve_model_path, resolve_path
 from olingo.models.utils import last_attended_index, position_ids_from_mask
@@ -30,5 +31,4 @@ __all__ = [
     "resolve_path",
     "set_chat_template",
     "stop_token_ids",
-    "token_nll",
 ]

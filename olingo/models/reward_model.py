@@ -65,7 +65,7 @@ class RewardModel(nn.Module):
         """Load a saved reward model, or start one from a causal LM / backbone directory.
 
         When the directory has no trained value head (e.g. it holds a causal LM), the head is
-        initialised with N(0, 1/(hidden+1)) from the global torch RNG, as ColossalChat does, so
+        initialised with N(0, 1/(hidden+1)) from the global torch RNG, so
         a seeded run is reproducible.
         """
         path = resolve_model_path(path)  # builtin: names, `~`, GGUF files: what a config accepts

@@ -1,6 +1,6 @@
 """Loading weights by name, strictly: a sync or engine update that matches nothing is an error.
 
-coati's weight sync loaded with `strict=False`, so a key-prefix mismatch (a DDP `module.` prefix,
+A sync loaded with `strict=False` would let a key-prefix mismatch (a DDP `module.` prefix,
 a wrapper's attribute name) silently loaded nothing and rollouts kept coming from the initial
 weights. Here the names must match the model's. Under LoRA the frozen base never changes, so an
 update carries only the trainable tensors (adapters and value heads).

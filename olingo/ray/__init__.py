@@ -1,4 +1,4 @@
-"""Ray detached mode (seed 001): experience-maker actors and a trainer actor, joined by a buffer.
+"""Ray detached mode: experience-maker actors and a trainer actor, joined by a buffer.
 
 The only olingo package that imports ray. Modules:
     detached_trainer_base   `DetachedTrainer`, the abstract trainer actor (fit, buffer, sync)

@@ -5,7 +5,7 @@ Makers push experience (`append` / `extend`); items are grouped into training ba
 shared by the trainer's compute thread and the threads Ray runs the buffer methods on, so every
 access holds one lock.
 
-Unlike coati's version, nothing here blocks forever:
+Nothing here blocks forever:
   * backpressure: a push into a buffer holding `limit` batches is refused with FULL and the
     maker retries later (it never blocks a Ray thread);
   * stop signal: after `close()` every push is refused with CLOSED, and what was left is counted;

@@ -1,4 +1,4 @@
-"""`DetachedTrainer`: a trainer Ray actor fed by remote experience-maker actors (seed 001).
+"""`DetachedTrainer`: a trainer Ray actor fed by remote experience-maker actors.
 
 `fit(total_steps, update_steps, train_epochs)`, as the hooks see it (docs/callbacks.md):
 
@@ -18,11 +18,11 @@
     stop the makers, wait for their loops, count what was left unused   (always, in a finally)
     on_fit_end(); on_train_end(state, artifacts)                        in finallys
 
-What coati's version lacked and this one does: the makers are started and stopped by `fit` (no
-step counts to balance by hand); every remote call waits with a timeout; a maker that raises
-fails `fit` with the maker's traceback; a maker that dies (and is restarted by Ray) gets the
-current weights and its loop back; experience carries the policy version that made it and
-batches more than `max_staleness` weight syncs old are dropped and counted.
+Robustness: the makers are started and stopped by `fit` (no step counts to balance by hand); every
+remote call waits with a timeout; a maker that raises fails `fit` with the maker's traceback; a
+maker that dies (and is restarted by Ray) gets the current weights and its loop back; experience
+carries the policy version that made it and batches more than `max_staleness` weight syncs old are
+dropped and counted.
 
 A stop (Ctrl-C/SIGTERM at the driver, forwarded by `request_stop`) is honoured at the end of the
 episode in flight, as local PPO/GRPO do: the episode trains on every batch it pulled, then a
@@ -62,11 +62,11 @@ from olingo.experience_maker.experience import experience_info
 from olingo.ray.detached_replay_buffer import ACCEPTED, DetachedReplayBuffer
 from olingo.ray.weights import state_dict_for_sync, state_dict_nbytes
 from olingo.ray.worker import setup_worker_logging
-from olingo.trainer._support import callback_states, default_callbacks, restore_callback_states
 from olingo.trainer.callbacks import Callback, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager
 from olingo.trainer.interrupt import TrainingInterrupted
 from olingo.trainer.loop import is_due, loop_scope
+from olingo.trainer.loop_support import callback_states, default_callbacks, restore_callback_states
 from olingo.trainer.utils import rng_state, set_rng_state
 
 logger = logging.getLogger("olingo.ray")
@@ -90,7 +90,7 @@ class DetachedTrainer(ABC):
     `@ray.remote(concurrency_groups={"buffer_length": 1, "buffer_append": 1, "buffer_sample": 1,
     "compute": 1})` and create it with `.options(name=...).remote(...)`.
 
-    Args (seed 001's first six, then keyword-only extras):
+    Args (ColossalChat's six, docs/coming-from-colossalchat.md, then keyword-only extras):
         experience_maker_holder_name_list: names of the `ExperienceMakerHolder` actors.
         train_batch_size: rollouts per training batch.
         buffer_limit: batches the buffer holds before makers must wait (0: no limit).
@@ -188,7 +188,7 @@ class DetachedTrainer(ABC):
             self.tokenizer.save_pretrained(str(directory / "actor"))
         self._write_trainer_state(directory)
 
-    # ---- public API (seed 001) --------------------------------------------------------------
+    # ---- public API --------------------------------------------------------------------------
     @ray.method(concurrency_group="compute")
     def fit(self, total_steps: int, update_steps: int, train_epochs: int = 1, *, initial_eval: dict[str, float] | None = None) -> dict[str, Any]:
         """Train `total_steps // update_steps` episodes; see the module docstring. Returns the

@@ -38,7 +38,7 @@ def default_optim_fn(actor_lr: float, critic_lr: float) -> Callable[[torch.nn.Mo
 
 @ray.remote(concurrency_groups=TRAINER_CONCURRENCY)
 class DetachedPPOTrainer(DetachedTrainer):
-    """PPO trainer actor (coati's `DetachedPPOTrainer`, rebuilt on `PPOLearner`).
+    """PPO trainer actor: `DetachedTrainer` with `PPOLearner`'s learn step.
 
     Args (beyond `DetachedTrainer`'s, which pass through `**trainer_kwargs`):
         model_fn: () -> (actor, critic), built inside the actor: the same architectures the

@@ -1,7 +1,7 @@
 """`ExperienceMakerHolder`: a Ray actor that makes experience and feeds trainers' buffers.
 
 Each holder builds its own models (`model_fn`) and runs the same experience maker as the
-single-process trainer: by default PPO's `NaiveExperienceMaker` on actor, critic, reward and
+single-process trainer: by default PPO's `PPOExperienceMaker` on actor, critic, reward and
 reference; with `making=GroupMaking(...)` the GRPO family's `GroupExperienceMaker` on actor,
 reward and (only with a KL term) reference, sending whole groups with their advantages
 (`olingo.ray.making`). Its working loop, as the hooks see it:

@@ -8,7 +8,7 @@ is given (pickled on the driver, `build` called inside the actor):
     make(maker, batch, next_batch, policy_version)  -> batch   one batch of experience to send
     state_dict(maker) / load_state_dict(maker, state)          what a checkpoint keeps of the maker
 
-`PPOMaking` (the default) builds `NaiveExperienceMaker` over (actor, critic, reward, reference).
+`PPOMaking` (the default) builds `PPOExperienceMaker` over (actor, critic, reward, reference).
 `GroupMaking` builds `GroupExperienceMaker` over (actor, reward, reference or None) for the GRPO
 family: each prompt batch becomes whole groups of G rows, contiguous, with their advantages
 already computed (`sample` then `finish`), so a trainer may split the rows as it likes.
@@ -26,7 +26,7 @@ from olingo.engines import GenerationSettings, RolloutEngine
 from olingo.experience_maker import (
     Experience,
     ExperienceConfig,
-    NaiveExperienceMaker,
+    PPOExperienceMaker,
     RewardShaping,
 )
 from olingo.experience_maker.group import (
@@ -40,7 +40,7 @@ PromptBatch = dict[str, Any]
 
 
 class PPOMaking:
-    """PPO experience: `NaiveExperienceMaker` over the four models `model_fn` returns
+    """PPO experience: `PPOExperienceMaker` over the four models `model_fn` returns
     (actor, critic, reward, reference). Its state: the KL controller and reward statistics."""
 
     def __init__(
@@ -51,9 +51,9 @@ class PPOMaking:
         self.carry_engine_log_probs = carry_engine_log_probs  # truncated importance sampling in the trainer
         self.counts: dict[str, float] = {}  # nothing beyond the holder's own counts
 
-    def build(self, models: tuple, tokenizer: Any, generation: GenerationSettings, engine_fn: EngineFn | None) -> NaiveExperienceMaker:
+    def build(self, models: tuple, tokenizer: Any, generation: GenerationSettings, engine_fn: EngineFn | None) -> PPOExperienceMaker:
         actor, critic, reward_model, initial_model = models
-        maker = NaiveExperienceMaker(
+        maker = PPOExperienceMaker(
             actor.eval(), critic.eval(), reward_model, initial_model, tokenizer, self.kl_coef,
             config=self.config, shaping=self.shaping, generation=generation,
             engine=engine_fn(actor, tokenizer) if engine_fn is not None else None,
@@ -61,15 +61,15 @@ class PPOMaking:
         maker.carry_engine_log_probs = self.carry_engine_log_probs
         return maker
 
-    def make(self, maker: NaiveExperienceMaker, batch: PromptBatch, next_batch: Callable[[], PromptBatch], policy_version: int) -> Experience:
+    def make(self, maker: PPOExperienceMaker, batch: PromptBatch, next_batch: Callable[[], PromptBatch], policy_version: int) -> Experience:
         return maker.make_experience(
             batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=policy_version, row_fields=batch.get("row_fields"),
         )
 
-    def state_dict(self, maker: NaiveExperienceMaker) -> dict[str, Any]:
+    def state_dict(self, maker: PPOExperienceMaker) -> dict[str, Any]:
         return maker.state_dict()
 
-    def load_state_dict(self, maker: NaiveExperienceMaker, state: dict[str, Any]) -> None:
+    def load_state_dict(self, maker: PPOExperienceMaker, state: dict[str, Any]) -> None:
         maker.load_state_dict(state)
 
 

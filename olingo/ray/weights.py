@@ -1,6 +1,6 @@
 """Weight sync between the trainer and the experience makers: what is sent and how it is loaded.
 
-coati's sync loaded with `strict=False`, so a key-prefix mismatch (a DDP `module.` prefix, a
+A sync loaded with `strict=False` would let a key-prefix mismatch (a DDP `module.` prefix, a
 wrapper's attribute name) silently loaded nothing and the makers kept generating with the initial
 weights. Here a sync whose keys do not match the maker's model is an error naming the keys.
 

@@ -29,10 +29,10 @@ from olingo.models.sources import (  # noqa: F401 - resolution lives in olingo.m
     resolve_model_path,
     resolve_path,
 )
-from olingo.trainer._support import Evaluator
-from olingo.trainer.base import SLTrainer
 from olingo.trainer.callbacks import Callback, LogContext, build_callback
 from olingo.trainer.checkpoint import MANIFEST, CheckpointManager
+from olingo.trainer.loop_support import Evaluator
+from olingo.trainer.supervised import SLTrainer
 from olingo.trainer.utils import optimizer_steps_per_epoch, seed_everything
 
 logger = logging.getLogger("olingo")

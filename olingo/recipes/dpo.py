@@ -48,10 +48,10 @@ from olingo.recipes.common import (
     resolve_model_path,
     resolve_path,
 )
-from olingo.trainer._support import Evaluator
 from olingo.trainer.callbacks import Callback, LogContext
 from olingo.trainer.dpo import DPOTrainer
 from olingo.trainer.kto import KTOTrainer
+from olingo.trainer.loop_support import Evaluator
 from olingo.trainer.orpo import ORPOTrainer
 
 

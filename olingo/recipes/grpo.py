@@ -23,7 +23,6 @@ import torch
 from olingo.config import ConfigError
 from olingo.models import load_causal_lm, load_tokenizer, name_stop_tokens, stop_token_ids
 from olingo.models.lora import AdaptersDisabled
-from olingo.models.rewards import CompositeReward, reward_function
 from olingo.recipes.common import (
     RunSetup,
     attach_experiment,
@@ -40,10 +39,11 @@ from olingo.recipes.grpo_config import GRPOConfig, GRPOLoopConfig
 from olingo.recipes.ppo import PPOData, load_data, resume_and_fit
 from olingo.recipes.ppo_config import generate_kwargs
 from olingo.recipes.rewards import load_reward, probe_user_functions
-from olingo.trainer._support import Evaluator
+from olingo.rewards.functions import CompositeReward, reward_function
 from olingo.trainer.callbacks import Callback, LogContext
 from olingo.trainer.callbacks.builtin import PerformanceEvaluator
 from olingo.trainer.grpo import GRPOTrainer, grpo_steps_per_episode
+from olingo.trainer.loop_support import Evaluator
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The typed config of `olingo grpo`: one section per component (DESIGN.md §8).
+"""The typed config of `olingo grpo`: one section per component.
 
 `experience` goes to the group experience maker, `loss` to the learner, `loop` to the trainer's
 loop, `generation` to the rollout engine, `reward` to the reward. No critic section exists:
@@ -48,7 +48,7 @@ class GRPOLoopConfig(PPOLoopConfig):
     update_steps: int = Field(1, ge=1, description="mu: passes over each episode's rollouts (DAPO/TRL num_iterations); 1 with one optimizer step per episode needs no pi_old forward")
     rollout_batch_size: int = Field(8, ge=1, description="prompts per collect step per process (each answered experience.num_generations times)")
     train_batch_size: int = Field(16, ge=1, description="rollouts per minibatch per process")
-    accuracy_function: str | None = Field(None, description="reward function counted as accuracy in evaluation (e.g. arithmetic_exact, math_answer)")
+    accuracy_function: str | None = Field(None, description="reward function counted as accuracy in evaluation (e.g. arithmetic_exact, math_answer); called like reward.functions, row fields included, and checked on one data row at start-up")
 
 
 class GRPOConfig(StrictModel):

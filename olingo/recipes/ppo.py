@@ -32,7 +32,6 @@ from olingo.models import (
     stop_token_ids,
 )
 from olingo.models.critic import Critic
-from olingo.models.rewards import CompositeReward, reward_function
 from olingo.recipes.common import (
     RunSetup,
     attach_experiment,
@@ -59,9 +58,10 @@ from olingo.recipes.ppo_config import (  # noqa: F401 - the config's classes, im
     generate_kwargs,
 )
 from olingo.recipes.rewards import load_reward, probe_user_functions
-from olingo.trainer._support import Evaluator
+from olingo.rewards.functions import CompositeReward, reward_function
 from olingo.trainer.callbacks import Callback, LogContext
 from olingo.trainer.callbacks.builtin import PerformanceEvaluator
+from olingo.trainer.loop_support import Evaluator
 from olingo.trainer.ppo import PPOTrainer, ppo_steps_per_episode
 
 

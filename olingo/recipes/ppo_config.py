@@ -1,4 +1,4 @@
-"""The typed config of `olingo ppo`: one section per component (DESIGN.md §8).
+"""The typed config of `olingo ppo`: one section per component.
 
 `experience` goes to the experience maker, `loss` to the learners, `loop` to the trainer's loop,
 `generation` to the rollout engine, `reward` to the reward (its source) and the maker (its
@@ -92,7 +92,7 @@ class PPOLoopConfig(StrictModel):
     eval_before_training: bool = Field(True, description="evaluate the starting policy on eval_prompts before the first step (eval/* at step 0, the baseline for the gain; a resumed run does not repeat it)")
     eval_batch_size: int = Field(64, ge=1, description="prompts per evaluation batch")
     eval_temperature: float | None = Field(None, gt=0, description="sampling temperature for evaluation (default: the rollout temperature)")
-    accuracy_function: str | None = Field(None, description="reward function counted as accuracy in evaluation (e.g. arithmetic_exact)")
+    accuracy_function: str | None = Field(None, description="reward function counted as accuracy in evaluation (e.g. arithmetic_exact); called like reward.functions, row fields included, and checked on one data row at start-up")
 
 
 class PPOConfig(StrictModel):

@@ -34,7 +34,6 @@ from olingo.models import (
     stop_token_ids,
 )
 from olingo.models.critic import Critic
-from olingo.models.rewards import CompositeReward
 from olingo.ray.making import PPOMaking
 from olingo.recipes.common import (
     LoraSettings,
@@ -44,10 +43,11 @@ from olingo.recipes.common import (
 )
 from olingo.recipes.ppo_config import PPOConfig
 
-# PromptLoaderFn and TokenizerFn are re-exported: the README's example imports them from here
+# PromptLoaderFn and TokenizerFn are re-exported: docs/ray.md's example imports them from here
 from olingo.recipes.ray_run import PromptLoaderFn as PromptLoaderFn
 from olingo.recipes.ray_run import RayAlgorithm, open_run, optimizer_steps, run_on_ray
 from olingo.recipes.ray_run import TokenizerFn as TokenizerFn
+from olingo.rewards.functions import CompositeReward
 from olingo.trainer.callbacks import Callback
 
 

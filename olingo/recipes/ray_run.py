@@ -32,7 +32,6 @@ from typing import Any
 from olingo.booster import SingleProcessPlugin
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
 from olingo.models import load_tokenizer, stop_token_ids
-from olingo.models.rlvr import get_reward_function
 from olingo.ray.making import GroupMaking, PPOMaking
 from olingo.recipes.common import (
     build_callbacks,
@@ -45,6 +44,7 @@ from olingo.recipes.common import (
 from olingo.recipes.grpo_config import GRPOConfig
 from olingo.recipes.ppo_config import PPOConfig, generate_kwargs
 from olingo.recipes.rewards import probe_user_functions
+from olingo.rewards.rlvr import get_reward_function
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.utils import seed_everything
 

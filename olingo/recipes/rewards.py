@@ -17,16 +17,15 @@ from olingo.dataset.errors import DataError
 from olingo.dataset.loading import iter_rows_or_errors
 from olingo.dataset.prompts import extra_fields, parse_prompt_row
 from olingo.models import RewardModel
-from olingo.models.rewards import (
+from olingo.recipes.common import resolve_model_path, resolve_path
+from olingo.rewards.functions import (
     CompositeReward,
     ProbeRow,
-    RewardError,
     RewardFunction,
     probe,
-    resolve_reward,
     reward_function,
 )
-from olingo.recipes.common import resolve_model_path, resolve_path
+from olingo.rewards.registry import RewardError, resolve_reward
 
 
 class RewardSource(StrictModel):

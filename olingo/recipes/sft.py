@@ -35,8 +35,8 @@ from olingo.recipes.common import (
     resolve_model_path,
     resolve_path,
 )
-from olingo.trainer._support import Evaluator
 from olingo.trainer.callbacks import Callback, LogContext
+from olingo.trainer.loop_support import Evaluator
 from olingo.trainer.sft import SFTTrainer
 
 

@@ -194,3 +194,19 @@ def is_correct(response: str, gt_answer: str) -> bool:
     """Whether the first integer in `response` equals `gt_answer` as a number."""
     predicted = extract_answer(response)
     return predicted is not None and predicted == extract_answer(gt_answer)
+
+
+# ---- reward functions for the task (the registry knows them by name: arithmetic_exact, ...) ----
+_CANONICAL_INTEGER = re.compile(r"0|[1-9][0-9]*")
+
+
+def arithmetic_exact(prompt: str, response: str, gt_answer: str | None) -> float:
+    """1.0 when the first integer of the response equals the ground truth, else 0.0."""
+    if gt_answer is None:
+        raise ValueError(f"arithmetic_exact needs a gt_answer for prompt {prompt!r}; add a 'gt_answer' field to the prompt data")
+    return 1.0 if is_correct(response, gt_answer) else 0.0
+
+
+def arithmetic_format(prompt: str, response: str, gt_answer: str | None) -> float:
+    """1.0 when the response is one canonical non-negative integer and nothing else, else 0.0."""
+    return 1.0 if _CANONICAL_INTEGER.fullmatch(response) else 0.0

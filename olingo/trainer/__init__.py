@@ -1,5 +1,6 @@
-"""Trainers. `from olingo.trainer import PPOTrainer` works as `from coati.trainer import PPOTrainer` did;
-the names load on first use, so importing a submodule never pulls in every trainer."""
+"""Trainers (`from olingo.trainer import PPOTrainer`; docs/coming-from-colossalchat.md maps the
+ColossalChat imports). The names load on first use, so importing a submodule never pulls in
+every trainer."""
 
 from importlib import import_module
 from typing import Any
@@ -8,7 +9,7 @@ _EXPORTS = {
     "PPOTrainer": "olingo.trainer.ppo",
     "GRPOTrainer": "olingo.trainer.grpo",
     "OLTrainer": "olingo.trainer.online",
-    "SLTrainer": "olingo.trainer.base",
+    "SLTrainer": "olingo.trainer.supervised",
     "SFTTrainer": "olingo.trainer.sft",
     "RewardModelTrainer": "olingo.trainer.rm",
     "DPOTrainer": "olingo.trainer.dpo",

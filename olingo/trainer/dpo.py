@@ -1,10 +1,10 @@
-"""`DPOTrainer`: direct preference optimisation and its variants (ColossalChat's DPOTrainer API).
+"""`DPOTrainer`: direct preference optimisation and its variants (Rafailov et al. 2023).
 
 One micro-batch, as the algorithm reads (the step around it: `olingo.trainer.preference`):
     1. chosen and rejected rows go through ONE policy forward, concatenated (2B rows)
     2. log pi(y|x) of each response: summed over its tokens (the loss mask), and token counts
     3. the same for the reference: precomputed columns, a frozen model, or the LoRA base
-    4. per-pair loss of `loss_type` (`olingo.models.loss.DPOLoss`) and implicit rewards
+    4. per-pair loss of `loss_type` (`olingo.rl.preference.DPOLoss`) and implicit rewards
 Metrics per step and on the eval set: loss, rewards/chosen, rewards/rejected, rewards/margins,
 rewards/accuracies (chosen reward > rejected reward), logps/chosen, logps/rejected (summed
 response log-probs of the policy).
@@ -20,7 +20,7 @@ import torch
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
 from olingo.models.lora import has_lora
-from olingo.models.loss import DPOLoss, DPOLossType, SequenceLogps
+from olingo.rl.preference import DPOLoss, DPOLossType, SequenceLogps
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.preference import OfflinePreferenceTrainer, RowTerms, response_logps
 
@@ -52,7 +52,7 @@ def preference_stats(chosen: SequenceLogps, rejected: SequenceLogps, chosen_rewa
 
 
 def default_loss_type(ref_model: Any, actor: Any, label_smoothing: float) -> DPOLossType:
-    """ColossalChat's rule: no reference model means the reference-free SimPO. A LoRA actor
+    """No reference model means the reference-free SimPO. A LoRA actor
     always has a reference: its base with adapters disabled."""
     if ref_model is None and not has_lora(actor):
         return "simpo"
@@ -62,14 +62,14 @@ def default_loss_type(ref_model: Any, actor: Any, label_smoothing: float) -> DPO
 class DPOTrainer(OfflinePreferenceTrainer):
     """Train a causal LM on chosen/rejected pairs with the DPO family's losses.
 
-    Arguments are ColossalChat's `coati.trainer.dpo.DPOTrainer`: `gamma` is the target reward
-    margin, `length_normalization` puts token-mean log-probs in the loss, `ref_model=None` (no
-    LoRA) means SimPO. Keyword-only extras: `loss_type` (sigmoid | cdpo | ipo | simpo; default
+    ColossalChat-compatible signature (docs/coming-from-colossalchat.md): `gamma` is the target
+    reward margin, `length_normalization` puts token-mean log-probs in the loss, `ref_model=None`
+    (no LoRA) means SimPO. Keyword-only extras: `loss_type` (sigmoid | cdpo | ipo | simpo; default
     from the rule above), `label_smoothing` (cDPO), `precompute_ref_log_probs` (one reference pass
     before training, cached in `<save_dir>/cache/`, then the reference model is freed;
-    `precompute_batch_size` rows at a time, default the training batch size),
-    `callbacks`, `eval_interval`. With a LoRA actor and `ref_model=None` the reference is the
-    base model with its adapters disabled.
+    `precompute_batch_size` rows at a time, default the training batch size), `callbacks`,
+    `eval_interval`. With a LoRA actor and `ref_model=None` the reference is the base model with its
+    adapters disabled.
     """
 
     reference_columns = ("ref_chosen_logps", "ref_rejected_logps")

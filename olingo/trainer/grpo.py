@@ -44,11 +44,11 @@ from olingo.experience_maker.group import (
     GroupExperienceMaker,
     collect_groups,
 )
-from olingo.trainer._support import episode_rollout_metrics
 from olingo.trainer.callbacks import Callback, dispatch
 from olingo.trainer.callbacks.builtin.samples import RolloutSamples
 from olingo.trainer.grpo_learner import GRPOLearner, GRPOLossConfig
 from olingo.trainer.loop import optimizer_step_groups
+from olingo.trainer.loop_support import episode_rollout_metrics
 from olingo.trainer.online import OLTrainer
 from olingo.trainer.rl_support import (
     EngineSync,
@@ -56,13 +56,14 @@ from olingo.trainer.rl_support import (
     held_out_eval,
     load_policy_extras,
     loader_states,
+    merge_keywords,
     open_loaders,
     save_policy_extras,
 )
 
 logger = logging.getLogger("olingo.trainer")
 
-_UNSUPPORTED = {  # coati keywords olingo does not implement: set, they fail early with a reason
+_UNSUPPORTED = {  # compatibility keywords olingo does not implement: set, they fail early
     "use_tp": "tensor parallelism is not available in olingo; use the DDP or FSDP2 plugin",
     "use_tts_inference": "test-time-scaling inference is not part of olingo's GRPO",
     "tts_config": "test-time-scaling inference is not part of olingo's GRPO",
@@ -85,40 +86,18 @@ def grpo_steps_per_episode(
     return num_update_steps * math.ceil(math.ceil(rollouts / train_batch_size) / accumulation_steps)
 
 
-def merge_keywords(cls: type, config: Any, config_name: str, keywords: dict[str, tuple[Any, Any]]) -> Any:
-    """A typed config from coati's flat keywords and an optional config object.
-
-    `keywords`: field -> (keyword value, coati default). Without `config` the keywords fill
-    the fields. With one, a keyword left at its default defers to the config, and a keyword set
-    to something else must agree with it: two different values for one setting are an error,
-    never a silent choice. The result is validated (ranges) either way."""
-    if config is None:
-        return cls.model_validate({field: value for field, (value, _) in keywords.items()})
-    update = {}
-    for field, (value, default) in keywords.items():
-        if value == default or value == getattr(config, field):
-            continue
-        if getattr(config, field) != cls.model_fields[field].default:
-            raise ValueError(f"{field}={value!r} (keyword) disagrees with {config_name}.{field}={getattr(config, field)!r}: set it in one place")
-        update[field] = value
-    return cls.model_validate({**config.model_dump(), **update})
-
-
 class GRPOTrainer(OLTrainer):
-    """The GRPO family with ColossalChat's `GRPOTrainer` constructor (REFERENCE.md D2).
+    """The GRPO family: one policy, no critic, group-relative advantages (Shao et al. 2024).
 
-    Every coati keyword keeps its name and default; where the default is a trap it fails early:
-    `ptx_coef=0.9` needs a `pretrain_dataloader` in `fit`; `vf_coef` and `value_clip` belong to
-    a critic GRPO does not have (other values than the defaults are refused); `use_tp`,
-    `use_tts_inference`, `tts_config` and `temperature_annealing_config` are not implemented
-    (set, they are refused); `num_generation` is G. `initial_model` may be None when kl_coef is
-    0 (it is then never used). `eps_clip` sets both clip bounds. `**generate_kwargs` are rollout
-    settings (`GenerationSettings`). Keyword-only extras: `experience_config`
-    (`GroupExperienceConfig`: estimator, KL placement, dynamic sampling, overlong punishment)
-    and `loss_config` (`GRPOLossConfig`: aggregation, clip-higher, dual clip, ptx): given, they
-    hold the settings, and a coati keyword (kl_coef, num_generation, inference_batch_size,
-    logits_forward_batch_size; ptx_coef, eps_clip) left at its default defers to them, while one
-    set to another value must agree (`merge_keywords`). `engine`, `eval_interval`,
+    ColossalChat-compatible signature, with the keywords that fail early: see
+    docs/coming-from-colossalchat.md. `num_generation` is G. `initial_model` may be None when
+    kl_coef is 0 (it is then never used). `eps_clip` sets both clip bounds. `**generate_kwargs` are
+    rollout settings (`GenerationSettings`). Keyword-only extras: `experience_config`
+    (`GroupExperienceConfig`: estimator, KL placement, dynamic sampling, overlong punishment) and
+    `loss_config` (`GRPOLossConfig`: aggregation, clip-higher, dual clip, ptx): given, they hold the
+    settings, and a keyword (kl_coef, num_generation, inference_batch_size,
+    logits_forward_batch_size; ptx_coef, eps_clip) left at its default defers to them, while one set
+    to another value must agree (`merge_keywords`). `engine`, `eval_interval`,
     `eval_before_training`, `accuracy_fn`, `eval_generate_kwargs` as for `PPOTrainer`.
     """
 
@@ -161,7 +140,7 @@ class GRPOTrainer(OLTrainer):
         engine: RolloutEngine | None = None,
         eval_interval: int = 0,
         eval_before_training: bool = True,
-        accuracy_fn: Callable[[str, str, str | None], float] | None = None,
+        accuracy_fn: Callable[..., Any] | None = None,
         eval_generate_kwargs: dict[str, Any] | None = None,
         **generate_kwargs: Any,
     ) -> None:
@@ -234,7 +213,7 @@ class GRPOTrainer(OLTrainer):
                            (num_collect_steps, num_update_steps))
 
     def _before_fit(self, prompt_dataloader, pretrain_dataloader, log_dir, use_wandb, eval_dataloader, episode_shape) -> None:  # noqa: ANN001
-        self.prompts, self.pretrain = open_loaders(self.ptx_coef, prompt_dataloader, pretrain_dataloader, self._pending_loader_states, "coati")
+        self.prompts, self.pretrain = open_loaders(self.ptx_coef, prompt_dataloader, pretrain_dataloader, self._pending_loader_states, "GRPOTrainer")
         self.eval_dataloader = eval_dataloader
         # pi_old differs from the current policy only after an optimizer step within the batch.
         num_collect_steps, num_update_steps = episode_shape

@@ -9,7 +9,8 @@ optimizer step, as the maths reads:
        backward
     3. clip, optimizer and scheduler step
 So batch 8 x accumulation 1, batch 2 x accumulation 4 and 2 ranks x batch 4 give the gradient
-of one batch of 8 (REFERENCE.md D1). Shared by `GRPOTrainer` and Ray's `DetachedGRPOTrainer`.
+of one batch of 8 (docs/algorithms.md, "The loss"). Shared by `GRPOTrainer` and Ray's
+`DetachedGRPOTrainer`.
 """
 
 from __future__ import annotations
@@ -22,15 +23,10 @@ from pydantic import Field
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.config import StrictModel
 from olingo.experience_maker import Experience, policy_logits
-from olingo.models.functional import (
-    KLEstimator,
-    LossAggregation,
-    entropy_from_logits,
-    log_probs_from_logits,
-    loss_units,
-    masked_mean,
-)
-from olingo.models.loss import GPTLMLoss, GroupPolicyLoss
+from olingo.rl.kl import KLEstimator
+from olingo.rl.logprobs import GPTLMLoss, entropy_from_logits, log_probs_from_logits
+from olingo.rl.masked import masked_mean
+from olingo.rl.policy_loss import GroupPolicyLoss, LossAggregation, loss_units
 from olingo.trainer.learner import TrainedModel, tis_weights
 
 # Stats that are shares of the step's loss: summed over micro-batches and ranks, not averaged.

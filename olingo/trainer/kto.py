@@ -1,5 +1,4 @@
-"""`KTOTrainer`: Kahneman-Tversky optimisation on unpaired rows (Ethayarajh et al. 2024;
-ColossalChat's KTOTrainer API).
+"""`KTOTrainer`: Kahneman-Tversky optimisation on unpaired rows (Ethayarajh et al. 2024).
 
 One optimizer step, as the algorithm reads (the shared step: `olingo.trainer.preference`):
     0. reference point z = max(0, mean over the step's mismatched pairs (prompt i with another
@@ -23,7 +22,7 @@ import torch
 
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
-from olingo.models.loss import kto_loss
+from olingo.rl.preference import kto_loss
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.preference import OfflinePreferenceTrainer, RowTerms, response_logps
 
@@ -31,7 +30,7 @@ from olingo.trainer.preference import OfflinePreferenceTrainer, RowTerms, respon
 class KTOTrainer(OfflinePreferenceTrainer):
     """Train a causal LM on completions labelled desirable or undesirable.
 
-    Arguments are ColossalChat's `coati.trainer.kto.KTOTrainer`; batches come from
+    ColossalChat-compatible signature (docs/coming-from-colossalchat.md); batches come from
     `UnpairedCollator` (`input_ids`, `attention_mask`, `loss_mask`, `label`, and the mismatched
     `kl_*` pair). Keyword-only extras: `precompute_ref_log_probs` (and `precompute_batch_size`), `callbacks`,
     `eval_interval`.

@@ -14,7 +14,7 @@ import torch
 
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.experience_maker import Experience
-from olingo.models.functional import truncated_is_weights
+from olingo.rl.kl import truncated_is_weights
 from olingo.trainer.checkpoint import load_trained, save_trained
 
 

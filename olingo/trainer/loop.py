@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from olingo.trainer import interrupt
-from olingo.trainer._support import is_due, loop_artifacts, raise_if_interrupted
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
+from olingo.trainer.loop_support import is_due, loop_artifacts, raise_if_interrupted
 
 T = TypeVar("T")
 __all__ = ["LoopRun", "is_due", "loop_scope", "optimizer_step_groups"]

@@ -1,6 +1,6 @@
-"""`OLTrainer`: the online (RL) loop skeleton with ColossalChat's ten hooks and the loop hooks.
+"""`OLTrainer`: the online (RL) loop skeleton with its ten online hooks and the loop hooks.
 
-The loop, as the hooks see it (REFERENCE.md A1; docs/callbacks.md has the full order):
+The loop, as the hooks see it (docs/callbacks.md, "Order in a PPO run", has the full order):
 
     _before_fit(...)                                   dataloaders, default loggers
     on_train_start(state)
@@ -48,7 +48,10 @@ from olingo.booster import Booster
 from olingo.cluster import DistCoordinator
 from olingo.experience_buffer import NaiveExperienceBuffer
 from olingo.experience_maker import Experience
-from olingo.trainer._support import (
+from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
+from olingo.trainer.checkpoint import CheckpointManager
+from olingo.trainer.loop import is_due, loop_scope
+from olingo.trainer.loop_support import (
     Evaluator,
     callback_states,
     check_stop_signal,
@@ -57,9 +60,6 @@ from olingo.trainer._support import (
     restore_callback_states,
     run_evaluator,
 )
-from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
-from olingo.trainer.checkpoint import CheckpointManager
-from olingo.trainer.loop import is_due, loop_scope
 
 logger = logging.getLogger("olingo.trainer")
 
@@ -67,8 +67,9 @@ logger = logging.getLogger("olingo.trainer")
 class OLTrainer(ABC):
     """Online trainer base: episodes of experience collection then learning, with hooks.
 
-    Arguments as ColossalChat's `OLTrainer` less its `critic_booster` (a critic belongs to the
-    trainers that have one), plus `coordinator`, `save_interval`, `save_dir`,
+    Arguments: the actor's booster, the experience buffer, whether to sample from it instead of
+    walking it, pinning, callbacks (ColossalChat-compatible signature: see
+    docs/coming-from-colossalchat.md), plus `coordinator`, `save_interval`, `save_dir`,
     `eval_interval` (both intervals count optimizer steps; 0 = off) and `eval_before_training`
     (evaluate the starting policy at step 0, so the gain of training is in the run's own log).
     """
@@ -139,7 +140,7 @@ class OLTrainer(ABC):
     def _policy(self) -> tuple[Any, Any]:
         """The policy being trained (unwrapped) and its tokenizer, for in-loop evaluators.
 
-        By default the `actor` and `tokenizer` attributes (ColossalChat's names); a trainer
+        By default the `actor` and `tokenizer` attributes; a trainer
         that names its policy otherwise overrides this.
         """
         actor = getattr(self, "actor", None)

@@ -1,11 +1,10 @@
-"""`ORPOTrainer`: odds-ratio preference optimisation (Hong et al. 2024; ColossalChat's ORPOTrainer API).
+"""`ORPOTrainer`: odds-ratio preference optimisation (Hong et al. 2024).
 
 One micro-batch, as the algorithm reads (the step around it: `olingo.trainer.preference`):
     1. chosen and rejected rows go through ONE forward, concatenated (2B rows); no reference
     2. token-mean log-probs of each response (the loss mask: response tokens only)
     3. loss = NLL(chosen) + lam x -log sigmoid(log odds(chosen) - log odds(rejected))
-Unlike ColossalChat's, the NLL covers the response tokens only (never the prompt) and anomaly
-detection is never switched on.
+The NLL covers the response tokens only (never the prompt); anomaly detection stays off.
 Metrics: loss, nll_loss, or_loss (the odds-ratio term before lam), log_odds_ratio,
 rewards/chosen and rewards/rejected (lam x token-mean log-probs, TRL's convention),
 rewards/margins, rewards/accuracies, logps/chosen, logps/rejected (summed).
@@ -20,7 +19,7 @@ import torch
 
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
-from olingo.models.loss import log_odds, orpo_loss
+from olingo.rl.preference import log_odds, orpo_loss
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.dpo import halves, pair_inputs, preference_stats
 from olingo.trainer.preference import OfflinePreferenceTrainer, RowTerms, response_logps
@@ -30,7 +29,7 @@ class ORPOTrainer(OfflinePreferenceTrainer):
     """Train a causal LM on chosen/rejected pairs with ORPO: SFT on the chosen response plus an
     odds-ratio preference term, no reference model.
 
-    Arguments are ColossalChat's `coati.trainer.orpo.ORPOTrainer` (`lam` weighs the odds-ratio
+    ColossalChat-compatible signature (docs/coming-from-colossalchat.md; `lam` weighs the odds-ratio
     term); keyword-only extras: `callbacks`, `eval_interval`.
     """
 

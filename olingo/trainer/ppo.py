@@ -1,7 +1,7 @@
 """`PPOTrainer`: PPO for RLHF with an actor, a critic, a reward model and a reference model.
 
 One episode, as the algorithm reads (Ouyang et al. 2022; Schulman et al. 2017):
-    1. collect: `num_collect_steps` prompt batches -> `NaiveExperienceMaker` -> buffer
+    1. collect: `num_collect_steps` prompt batches -> `PPOExperienceMaker` -> buffer
        (reference and reward models on the accelerator only for this phase when offloading)
     2. learn: `num_update_steps` PPO epochs over the buffer in minibatches of
        `train_batch_size`; per minibatch
@@ -39,13 +39,13 @@ from olingo.experience_maker import (
     Experience,
     ExperienceConfig,
     GenerationSettings,
-    NaiveExperienceMaker,
+    PPOExperienceMaker,
     RewardShaping,
 )
-from olingo.trainer._support import episode_rollout_metrics
 from olingo.trainer.callbacks import Callback, dispatch
 from olingo.trainer.callbacks.builtin.samples import RolloutSamples
 from olingo.trainer.loop import optimizer_step_groups
+from olingo.trainer.loop_support import episode_rollout_metrics
 from olingo.trainer.online import OLTrainer
 from olingo.trainer.ppo_learner import PPOLearner, PPOLossConfig
 from olingo.trainer.rl_support import (
@@ -54,6 +54,7 @@ from olingo.trainer.rl_support import (
     held_out_eval,
     load_policy_extras,
     loader_states,
+    merge_keywords,
     open_loaders,
     save_policy_extras,
 )
@@ -80,19 +81,19 @@ def ppo_steps_per_episode(
 
 
 class PPOTrainer(OLTrainer):
-    """PPO trainer with seed 004's constructor (ColossalChat `coati.trainer.PPOTrainer`).
+    """PPO: an actor and a critic learn from scored rollouts (Schulman et al. 2017).
 
-    Every seed keyword keeps its name and default. `**generate_kwargs` are rollout settings
-    (`GenerationSettings`: max_new_tokens, do_sample, temperature, top_k, top_p,
-    stop_token_ids, stop_strings); unknown ones are errors. Keyword-only extras:
-    `experience_config` (`ExperienceConfig`: KL estimator and adaptive target, GAE, whitening,
-    shortcuts; the seed's `kl_coef` keyword sets its coefficient), `reward_shaping`
+    ColossalChat-compatible signature: see docs/coming-from-colossalchat.md.
+    `**generate_kwargs` are rollout settings (`GenerationSettings`: max_new_tokens, do_sample,
+    temperature, top_k, top_p, stop_token_ids, stop_strings); unknown ones are errors. Keyword-only
+    extras: `experience_config` (`ExperienceConfig`: KL estimator and adaptive target, GAE,
+    whitening, shortcuts; the `kl_coef` keyword sets its coefficient), `reward_shaping`
     (`RewardShaping`: normalisation, clipping, placement, truncation penalty), `engine` (the
-    `RolloutEngine` to generate with; default transformers `generate` on the actor),
-    `eval_interval` (optimizer steps), `eval_before_training` (evaluate the starting policy at
-    step 0; default on, acts only when `fit` gets an `eval_dataloader`), `accuracy_fn` ((prompt, response, gt_answer) -> float,
-    counted correct when > 0) and `eval_generate_kwargs` for held-out evaluation.
-    `ptx_coef > 0` needs a `pretrain_dataloader` in `fit` (checked when fit starts).
+    `RolloutEngine` to generate with; default transformers `generate` on the actor), `eval_interval`
+    (optimizer steps), `eval_before_training` (evaluate the starting policy at step 0; default on,
+    acts only when `fit` gets an `eval_dataloader`), `accuracy_fn` (a reward function, called as
+    training calls reward functions, row fields included; correct when > 0) and `eval_generate_kwargs` for held-out evaluation. `ptx_coef >
+    0` needs a `pretrain_dataloader` in `fit` (checked when fit starts).
     """
 
     def __init__(
@@ -133,7 +134,7 @@ class PPOTrainer(OLTrainer):
         tis_cap: float | None = None,
         eval_interval: int = 0,
         eval_before_training: bool = True,
-        accuracy_fn: Callable[[str, str, str | None], float] | None = None,
+        accuracy_fn: Callable[..., Any] | None = None,
         eval_generate_kwargs: dict[str, Any] | None = None,
         **generate_kwargs: Any,
     ) -> None:
@@ -161,8 +162,11 @@ class PPOTrainer(OLTrainer):
         self.eval_generation = GenerationSettings.from_kwargs(**{**vars(self.generation), **(eval_generate_kwargs or {})})
         # Unwrapped: rollouts are forward-only, so DDP's per-forward bookkeeping is not wanted;
         # the plugin's sum over ranks keeps KL, reward statistics and (optionally) whitening global.
-        self.experience_maker = NaiveExperienceMaker(
-            actor_booster.unwrap(actor), critic_booster.unwrap(critic) if critic is not None else None, reward_model, initial_model, tokenizer, kl_coef,
+        # One KL coefficient: the keyword defers to `experience_config` at its default, and two
+        # different values are an error (`merge_keywords`), never a silent choice.
+        experience_config = merge_keywords(ExperienceConfig, experience_config, "experience_config", {"kl_coef": (kl_coef, 0.1)})
+        self.experience_maker = PPOExperienceMaker(
+            actor_booster.unwrap(actor), critic_booster.unwrap(critic) if critic is not None else None, reward_model, initial_model, tokenizer, None,
             config=experience_config, shaping=reward_shaping, engine=engine, generation=self.generation,
             all_reduce_sum=actor_booster.plugin.all_reduce_sum,
         )
@@ -206,7 +210,7 @@ class PPOTrainer(OLTrainer):
         return super().fit(num_episodes, num_collect_steps, num_update_steps, prompt_dataloader, pretrain_dataloader, log_dir, use_wandb, eval_dataloader)
 
     def _before_fit(self, prompt_dataloader, pretrain_dataloader, log_dir, use_wandb, eval_dataloader) -> None:  # noqa: ANN001
-        self.prompts, self.pretrain = open_loaders(self.ptx_coef, prompt_dataloader, pretrain_dataloader, self._pending_loader_states, "seed 004")
+        self.prompts, self.pretrain = open_loaders(self.ptx_coef, prompt_dataloader, pretrain_dataloader, self._pending_loader_states, "PPOTrainer")
         self.eval_dataloader = eval_dataloader
         run_dir = Path(log_dir) if log_dir else self.save_dir
         samples = [RolloutSamples()] if run_dir is not None else []

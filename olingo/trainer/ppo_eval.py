@@ -9,14 +9,14 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from olingo.experience_maker import GenerationSettings, NaiveExperienceMaker
-from olingo.models.functional import kl_estimate
-from olingo.models.rewards import RewardFunction, reward_function
+from olingo.experience_maker import GenerationSettings, PPOExperienceMaker
+from olingo.rewards.functions import RewardFunction, reward_function
+from olingo.rl.kl import kl_estimate
 
 
 @torch.no_grad()
 def evaluate_policy(
-    maker: NaiveExperienceMaker | Any,
+    maker: PPOExperienceMaker | Any,
     loader: DataLoader,
     generation: GenerationSettings,
     *,
@@ -34,7 +34,7 @@ def evaluate_policy(
     a gt_answer, accuracy (share of those rows where it is > 0). `accuracy_fn` is a reward
     function (a callable, a registered name or an import path) and is called as training calls
     reward functions: single-row or batched, with the row fields it names (see
-    `olingo.models.rewards`). Sampling runs under its own seed
+    `olingo.rewards`). Sampling runs under its own seed
     inside `fork_rng`, so every evaluation draws the same noise (before/after comparisons are
     paired) and the training RNG stream is left exactly as it was.
     """

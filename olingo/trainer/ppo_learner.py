@@ -21,13 +21,9 @@ from pydantic import Field
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.config import StrictModel
 from olingo.experience_maker import Experience, action_values, policy_logits
-from olingo.models.functional import (
-    entropy_from_logits,
-    explained_variance,
-    log_probs_from_logits,
-    masked_mean,
-)
-from olingo.models.loss import GPTLMLoss, PolicyLoss, ValueLoss
+from olingo.rl.logprobs import GPTLMLoss, entropy_from_logits, log_probs_from_logits
+from olingo.rl.masked import explained_variance, masked_mean
+from olingo.rl.policy_loss import PolicyLoss, ValueLoss
 from olingo.trainer.learner import TrainedModel, tis_weights
 
 

@@ -31,17 +31,17 @@ from torch.utils.data import DataLoader
 
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
-from olingo.models.functional import sequence_log_probs
 from olingo.models.lora import adapters_disabled, has_lora
-from olingo.models.loss import SequenceLogps
 from olingo.models.utils import keeps_logits
-from olingo.trainer.base import SLTrainer
+from olingo.rl.logprobs import sequence_log_probs
+from olingo.rl.preference import SequenceLogps
 from olingo.trainer.callbacks import Callback, LoopArtifacts
 from olingo.trainer.reference_cache import (
     ReferencePrecompute,
     WithReferenceColumns,
     model_fingerprint,
 )
+from olingo.trainer.supervised import SLTrainer
 
 logger = logging.getLogger("olingo.trainer")
 

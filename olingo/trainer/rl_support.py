@@ -21,8 +21,8 @@ def open_loaders(
     ptx_coef: float, prompt_dataloader: DataLoader, pretrain_dataloader: DataLoader | None, pending: dict[str, Any], origin: str,
 ) -> tuple[CyclicLoader, CyclicLoader | None]:
     """Endless prompt (and, with a ptx loss, pretrain) loaders, at the positions a checkpoint
-    left (`pending`). A ptx loss without pretrain data is refused: `origin` names the default
-    that set it (seed 004's, coati's) so the message says where 0.9 came from."""
+    left (`pending`). A ptx loss without pretrain data is refused: `origin` names the trainer
+    whose default set it (`PPOTrainer`, `GRPOTrainer`) so the message says where 0.9 came from."""
     if ptx_coef > 0 and pretrain_dataloader is None:
         raise ValueError(
             f"ptx_coef={ptx_coef} mixes in a pretraining (ptx) loss but fit() got no pretrain_dataloader: "
@@ -127,3 +127,22 @@ class EngineSync:
         """Let the engine free its accelerator memory while the trainer learns (sleep mode)."""
         if self.separate:
             self.engine.sleep()
+
+
+def merge_keywords(cls: type, config: Any, config_name: str, keywords: dict[str, tuple[Any, Any]]) -> Any:
+    """A typed config from the trainer's flat keywords and an optional config object.
+
+    `keywords`: field -> (keyword value, keyword default). Without `config` the keywords fill
+    the fields. With one, a keyword left at its default defers to the config, and a keyword set
+    to something else must agree with it: two different values for one setting are an error,
+    never a silent choice. The result is validated (ranges) either way."""
+    if config is None:
+        return cls.model_validate({field: value for field, (value, _) in keywords.items()})
+    update = {}
+    for field, (value, default) in keywords.items():
+        if value == default or value == getattr(config, field):
+            continue
+        if getattr(config, field) != cls.model_fields[field].default:
+            raise ValueError(f"{field}={value!r} (keyword) disagrees with {config_name}.{field}={getattr(config, field)!r}: set it in one place")
+        update[field] = value
+    return cls.model_validate({**config.model_dump(), **update})

@@ -1,4 +1,4 @@
-"""`RewardModelTrainer`: pairwise reward-model training (seed 003's API).
+"""`RewardModelTrainer`: pairwise reward-model training.
 
 One optimizer step, as the algorithm reads:
     1. chosen and rejected rows of a micro-batch go through ONE forward pass, concatenated (2B rows)
@@ -20,9 +20,9 @@ from transformers import PreTrainedTokenizerBase
 
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
-from olingo.models.loss import LogSigLoss
-from olingo.trainer.base import SLTrainer
+from olingo.rl.preference import LogSigLoss
 from olingo.trainer.callbacks import Callback, LoopArtifacts
+from olingo.trainer.supervised import SLTrainer
 
 
 def score_pairs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,8 +50,8 @@ def pair_stats(chosen: torch.Tensor, rejected: torch.Tensor, loss: torch.Tensor)
 class RewardModelTrainer(SLTrainer):
     """Train a `RewardModel` on chosen/rejected pairs.
 
-    Arguments are seed 003's (ColossalChat `coati.trainer.rm.RewardModelTrainer`), plus two
-    keyword-only extras: `callbacks` (any olingo `Callback`) and `eval_interval` (evaluate every
+    ColossalChat-compatible signature (docs/coming-from-colossalchat.md), plus two keyword-only
+    extras: `callbacks` (any olingo `Callback`) and `eval_interval` (evaluate every
     N optimizer steps as well as after every epoch; 0 = only after epochs).
     `loss_fn=None` means `LogSigLoss(beta=beta)`; `beta` is the preference model's inverse
     temperature and is used only by that default loss. `save_interval` counts optimizer steps;

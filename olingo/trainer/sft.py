@@ -1,4 +1,4 @@
-"""`SFTTrainer`: supervised fine-tuning on assistant tokens (ColossalChat's SFTTrainer API).
+"""`SFTTrainer`: supervised fine-tuning on assistant tokens.
 
 One optimizer step, as the algorithm reads:
     1. count the assistant tokens of the step: every micro-batch, every rank
@@ -20,15 +20,15 @@ from torch.utils.data import DataLoader
 
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
-from olingo.models.loss import token_nll
-from olingo.trainer.base import SLTrainer
+from olingo.rl.logprobs import token_nll
 from olingo.trainer.callbacks import Callback, LoopArtifacts
+from olingo.trainer.supervised import SLTrainer
 
 
 class SFTTrainer(SLTrainer):
     """Fine-tune a causal LM on conversations; the loss covers assistant tokens only.
 
-    Arguments follow ColossalChat's `coati.trainer.sft.SFTTrainer`; `apply_loss_mask=False`
+    ColossalChat-compatible signature (docs/coming-from-colossalchat.md); `apply_loss_mask=False`
     trains on every token. Keyword-only extras: `tokenizer` (saved with every checkpoint),
     `callbacks`, `eval_interval`.
     """

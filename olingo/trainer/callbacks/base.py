@@ -2,8 +2,8 @@
 
 Four families of hooks live on the same class, so one object can watch a whole experiment:
 
-* the ten online-trainer hooks of ColossalChat's `coati.trainer.callbacks.base.Callback`
-  (fit, episode, make-experience, learn-epoch, learn-batch), fired by PPO-style trainers;
+* the ten online-trainer hooks (fit, episode, make-experience, learn-epoch, learn-batch),
+  fired by PPO-style trainers;
 * the Ray detached-mode hooks (`olingo.ray`): the trainer fires update start/end around each
   weight sync; experience-maker actors fire loop, batch, make-experience and send hooks;
 * the loop hooks of a training loop (train start/end, step end, checkpoint, eval), fired by
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 class Callback(ABC):  # noqa: B024 - abstract by convention: every hook has a default
     """Base class for olingo callbacks; override any hook, the rest stay no-ops."""
 
-    # ---- online (RL) trainer hooks: names and arguments as in coati -------------------------
+    # ---- online (RL) trainer hooks: ColossalChat's names and arguments ----------------------
     def on_fit_start(self) -> None:
         """Once, before the first episode."""
 

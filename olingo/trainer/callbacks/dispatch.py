@@ -16,7 +16,7 @@ def dispatch(callbacks: Iterable[Callback], hook: str, *args: Any, **kwargs: Any
     """Call `hook(*args, **kwargs)` on each callback that defines it, in list order.
 
     An exception in one callback is logged with its traceback and the next callback still
-    runs: a logger that fails must never stop a training run (DESIGN.md invariant 7). The one
+    runs: a logger that fails must never stop a training run (docs/callbacks.md). The one
     exception is `RunIOError` (metrics.jsonl cannot be written: disk full, permissions): going
     on would lose the run's record, so it stops the run with the last complete checkpoint.
     """

@@ -2,7 +2,7 @@
 
 | kind (aliases)                     | class               | writes (under the run directory)                     |
 |------------------------------------|---------------------|------------------------------------------------------|
-| `jsonl_metrics`                    | `JsonlMetrics`      | `metrics.jsonl`: the run's metrics log (see DESIGN §5) |
+| `jsonl_metrics`                    | `JsonlMetrics`      | `metrics.jsonl`: the run's metrics log (docs/callbacks.md) |
 | `csv_metrics`                      | `CsvMetrics`        | `metrics.csv` (train rows), `metrics_eval.csv` (eval); experiments: `results.csv` |
 | `tensorboard_logger` (`tensorboard`) | `TensorBoardLogger` | `tb/events.out.tfevents.*`; experiments: `<exp>/tb/<run>/` |
 | `wandb_logger` (`wandb`)           | `WandbLogger`       | `wandb/` run files, `wandb_id.txt`; experiments: one W&B run per run |

@@ -9,7 +9,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from olingo.trainer.callbacks.base import Callback
-from olingo.trainer.callbacks.builtin._common import as_number, atomic_rewrite, resolve_output_path
+from olingo.trainer.callbacks.builtin.metric_output import (
+    as_number,
+    atomic_rewrite,
+    resolve_output_path,
+)
 from olingo.trainer.callbacks.registry import register_callback
 from olingo.trainer.callbacks.state import LogContext, LoopArtifacts, LoopState, kept_on_resume
 

@@ -12,7 +12,11 @@ from typing import IO, Any
 
 from olingo.errors import RunIOError
 from olingo.trainer.callbacks.base import Callback
-from olingo.trainer.callbacks.builtin._common import as_number, atomic_rewrite, resolve_output_path
+from olingo.trainer.callbacks.builtin.metric_output import (
+    as_number,
+    atomic_rewrite,
+    resolve_output_path,
+)
 from olingo.trainer.callbacks.registry import register_callback
 from olingo.trainer.callbacks.state import LoopArtifacts, LoopState, ManifestRow, kept_on_resume
 

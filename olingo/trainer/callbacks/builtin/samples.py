@@ -6,7 +6,7 @@ import json
 from typing import IO, Any
 
 from olingo.trainer.callbacks.base import Callback
-from olingo.trainer.callbacks.builtin._common import resolve_output_path
+from olingo.trainer.callbacks.builtin.metric_output import resolve_output_path
 from olingo.trainer.callbacks.registry import register_callback
 from olingo.trainer.callbacks.state import LoopArtifacts, LoopState, kept_on_resume
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from olingo.trainer.callbacks.base import Callback
-from olingo.trainer.callbacks.builtin._common import as_number, resolve_output_path
+from olingo.trainer.callbacks.builtin.metric_output import as_number, resolve_output_path
 from olingo.trainer.callbacks.registry import register_callback
 from olingo.trainer.callbacks.state import LogContext, LoopArtifacts, LoopState, ManifestRow
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from olingo.errors import check_installed, require
 from olingo.trainer.callbacks.base import Callback
-from olingo.trainer.callbacks.builtin._common import as_number
+from olingo.trainer.callbacks.builtin.metric_output import as_number
 from olingo.trainer.callbacks.registry import register_callback
 from olingo.trainer.callbacks.state import LogContext, LoopArtifacts, LoopState
 

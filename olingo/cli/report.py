@@ -1,4 +1,4 @@
-"""`olingo report`: PNG curves and a summary table from a run's `metrics.jsonl` (DESIGN §5).
+"""`olingo report`: PNG curves and a summary table from a run's `metrics.jsonl` (docs/callbacks.md).
 
 `write_report(run_dir)` reads `<run_dir>/metrics.jsonl` and writes into `<run_dir>/plots/`:
 
@@ -58,8 +58,8 @@ from matplotlib.lines import Line2D
 
 from olingo.experiment.results import ArmResult, ExperimentResult, aggregate, final_runs
 from olingo.trainer.callbacks.builtin import read_metrics
-from olingo.trainer.callbacks.builtin._common import format_number
 from olingo.trainer.callbacks.builtin.jsonl import RESERVED_KEYS
+from olingo.trainer.callbacks.builtin.metric_output import format_number
 
 __all__ = [
     "Series",

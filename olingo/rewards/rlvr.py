@@ -1,9 +1,11 @@
-"""Verifiable rewards, ColossalChat's way: `RLVRRewardModel(reward_fn_list, weights)`.
+"""Verifiable rewards as `RLVRRewardModel(reward_fn_list, weights)`.
 
-A thin front of `olingo.models.rewards` (one code path): functions are names, import paths
+ColossalChat-compatible signature: see docs/coming-from-colossalchat.md.
+
+A thin front of `olingo.rewards.functions` (one code path): functions are names, import paths
 ('package.module:function') or callables, in either form that module describes (single-row
-`(prompt, response, gt_answer) -> float` or batched). Built-ins for the embedded arithmetic
-task are registered by name, so configs can say
+`(prompt, response, gt_answer) -> float` or batched). Built-ins, such as the embedded
+arithmetic task's, are known by name, so configs can say
 `reward.functions: {arithmetic_exact: 1.0, arithmetic_format: 0.1}`.
 """
 
@@ -14,21 +16,13 @@ from typing import Any
 
 import torch
 
-from olingo.models.rewards import (
-    REWARD_FUNCTIONS,
-    CompositeReward,
-    RewardFn,
-    arithmetic_exact,
-    arithmetic_format,
-    resolve_reward,
-)
+from olingo.rewards.functions import CompositeReward, RewardFn
+from olingo.rewards.registry import REWARD_FUNCTIONS, resolve_reward
 
 __all__ = [
     "REWARD_FUNCTIONS",
     "RLVRRewardModel",
     "RewardFn",
-    "arithmetic_exact",
-    "arithmetic_format",
     "get_reward_function",
 ]
 
@@ -43,7 +37,7 @@ class RLVRRewardModel(CompositeReward):
     """Weighted sum of reward functions, scored on text.
 
     Args:
-        reward_fn_list: callables, names or import paths (ColossalChat's argument name).
+        reward_fn_list: callables, names or import paths.
         weights: one weight per function (default 1.0 each).
     """
 

@@ -1,12 +1,5 @@
-"""Pluggable rewards: reward functions by name or import path, summed with weights, plus an
-optional neural term.
-
-Naming a function (a *spec*, the keys of the config's `reward.functions: {spec: weight}`):
-    "arithmetic_exact"        a registered name (`@register_reward("arithmetic_exact")`)
-    "my_pkg.rewards:exact"    `exact` from module `my_pkg.rewards`, which must be importable
-                              (its directory on PYTHONPATH, e.g. `PYTHONPATH=. olingo ppo ...`)
-Names registered by a module of your own exist once that module is imported; naming one of its
-functions by path imports it.
+"""Reward functions: their two forms, row fields, validated values, the start-up probe and the
+weighted sum of several (`CompositeReward`).
 
 Two forms of reward function, both accepted:
     batched     fn(prompts, responses, gt_answers, **row_fields) -> B numbers (list, tuple,
@@ -40,106 +33,18 @@ before any model loads, on the first valid prompt row (see `olingo.recipes.rewar
 
 from __future__ import annotations
 
-import functools
-import importlib
 import inspect
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from olingo.config_errors import did_you_mean
-from olingo.errors import OlingoError
-from olingo.tasks.arithmetic import is_correct
+from olingo.rewards.registry import BATCHED_ATTR, RewardError, one_line, resolve_reward
 
 RewardFn = Callable[[str, str, "str | None"], float]
 BatchedRewardFn = Callable[..., Sequence[float]]
-F = TypeVar("F", bound=Callable[..., Any])
-
-REWARD_FUNCTIONS: dict[str, Callable[..., Any]] = {}  # registered name -> function
-BATCHED_ATTR = "olingo_batched"
-_PATH_EXAMPLE = "'package.module:function'"
-
-
-class RewardError(OlingoError, ValueError):
-    """A reward function that cannot be found, or that failed or returned a bad value; the
-    message names the function (and the row). A ValueError, as unknown names always were."""
-
-
-# ---- registry and resolution ----------------------------------------------------------------
-def register_reward(name: str) -> Callable[[F], F]:
-    """Decorator: register a reward function under `name` (no ':', which marks import paths)."""
-    if not name or ":" in name or name != name.strip():
-        raise RewardError(f"bad reward function name {name!r}: a registered name is non-empty, without ':' or surrounding spaces")
-
-    def register(fn: F) -> F:
-        taken = REWARD_FUNCTIONS.get(name)
-        # Re-importing (or reloading) the defining module registers the same function again.
-        if taken is not None and _qualified(taken) != _qualified(fn):
-            raise RewardError(f"reward function name '{name}' is taken by {_qualified(taken)}; register {_qualified(fn)} under another name")
-        REWARD_FUNCTIONS[name] = fn
-        return fn
-
-    return register
-
-
-def batched(fn: F) -> F:
-    """Decorator: mark `fn` as the batched form whatever its parameters are called."""
-    try:
-        setattr(fn, BATCHED_ATTR, True)
-    except (AttributeError, TypeError):  # e.g. a bound method: mark a thin wrapper instead
-        return batched(_wrap(fn))  # type: ignore[return-value]
-    return fn
-
-
-def resolve_reward(spec: str) -> Callable[..., Any]:
-    """The callable a spec names: a registered name, or 'package.module:function' (imported)."""
-    if ":" in spec:
-        return _import_path(spec)
-    if spec in REWARD_FUNCTIONS:
-        return REWARD_FUNCTIONS[spec]
-    hint = did_you_mean(spec, REWARD_FUNCTIONS)
-    if not hint and "." in spec:  # 'my_pkg.rewards.exact' is a common way to mean a path
-        module, _, attr = spec.rpartition(".")
-        hint = f" (did you mean '{module}:{attr}'?)"
-    raise RewardError(
-        f"unknown reward function '{spec}'{hint}; registered: {', '.join(sorted(REWARD_FUNCTIONS))}; "
-        f"name a function of your own by its import path, {_PATH_EXAMPLE}"
-    )
-
-
-def _import_path(spec: str) -> Callable[..., Any]:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise RewardError(f"reward function '{spec}': expected an import path {_PATH_EXAMPLE}")
-    module = _import_module(spec, module_name)
-    obj: Any = module
-    for part in attr.split("."):  # 'module:Class.method' or 'module:instance.attr'
-        if not hasattr(obj, part):
-            choices = [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))]
-            raise RewardError(f"reward function '{spec}': '{module_name}' has no attribute '{attr}'{did_you_mean(part, choices)}")
-        obj = getattr(obj, part)
-    if inspect.isclass(obj):
-        raise RewardError(f"reward function '{spec}' is a class; name a function, or an instance created at module level")
-    if not callable(obj):
-        raise RewardError(f"reward function '{spec}' is {type(obj).__name__}, not a function")
-    return obj
-
-
-def _import_module(spec: str, module_name: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except Exception as err:  # not found, or its own code failed (syntax, a missing dependency)
-        missing = err.name if isinstance(err, ModuleNotFoundError) else None
-        if missing and (module_name == missing or module_name.startswith(missing + ".")):
-            raise RewardError(
-                f"reward function '{spec}': no module named '{missing}'; is the directory that "
-                "holds it on PYTHONPATH? (e.g. `PYTHONPATH=. olingo <command> ...`)"
-            ) from err
-        raise RewardError(f"reward function '{spec}': importing '{module_name}' failed: {_one_line(err)}") from err
 
 
 # ---- one function, its form and its validated values -----------------------------------------
@@ -171,7 +76,7 @@ class RewardFunction:
             try:
                 value = self.fn(p, r, g, **{k: v[i] for k, v in fields.items()})
             except Exception as err:
-                raise RewardError(f"reward function '{self.name}' raised on row {i} (prompt {_shorten(p)}): {_one_line(err)}") from err
+                raise RewardError(f"reward function '{self.name}' raised on row {i} (prompt {_shorten(p)}): {one_line(err)}") from err
             values.append(self._number(value, i, p))
         return torch.tensor(values, dtype=torch.float64)
 
@@ -180,7 +85,7 @@ class RewardFunction:
             result = self.fn(list(prompts), list(responses), list(gt_answers), **{k: list(v) for k, v in fields.items()})
         except Exception as err:
             where = f"a batch of {len(prompts)} rows (first prompt {_shorten(prompts[0])})"  # the row is unknown
-            raise RewardError(f"reward function '{self.name}' raised on {where}: {_one_line(err)}") from err
+            raise RewardError(f"reward function '{self.name}' raised on {where}: {one_line(err)}") from err
         if getattr(result, "ndim", None) == 1 and hasattr(result, "tolist"):  # a tensor or an array
             result = result.tolist()
         if not isinstance(result, list | tuple):
@@ -402,24 +307,6 @@ class CompositeReward:
         return self
 
 
-# ---- built-ins for the embedded arithmetic task -----------------------------------------------
-_CANONICAL_INTEGER = re.compile(r"0|[1-9][0-9]*")
-
-
-@register_reward("arithmetic_exact")
-def arithmetic_exact(prompt: str, response: str, gt_answer: str | None) -> float:
-    """1.0 when the first integer of the response equals the ground truth, else 0.0."""
-    if gt_answer is None:
-        raise ValueError(f"arithmetic_exact needs a gt_answer for prompt {prompt!r}; add a 'gt_answer' field to the prompt data")
-    return 1.0 if is_correct(response, gt_answer) else 0.0
-
-
-@register_reward("arithmetic_format")
-def arithmetic_format(prompt: str, response: str, gt_answer: str | None) -> float:
-    """1.0 when the response is one canonical non-negative integer and nothing else, else 0.0."""
-    return 1.0 if _CANONICAL_INTEGER.fullmatch(response) else 0.0
-
-
 # ---- helpers ---------------------------------------------------------------------------------
 def _check_lengths(n: int, responses: Sequence[str], gt_answers: Sequence[str | None], row_fields: Mapping[str, Sequence[Any]]) -> None:
     """The caller's lists line up (a bug in the caller otherwise, hence ValueError)."""
@@ -460,18 +347,6 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
-def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def _qualified(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
 def _shorten(text: str, width: int = 60) -> str:
     """repr of text, its middle cut out when long: prompts open with templates, end with the question."""
     if len(text) <= width:
@@ -486,11 +361,3 @@ def _describe(value: Any) -> str:
         return "None"
     text = repr(value)
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
-def _one_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {' '.join(str(err).split())}"
-
-
-# The built-in verifiers register themselves on import; last, as they import register_reward.
-from olingo.models import verifiers as _verifiers  # noqa: E402, F401

@@ -38,7 +38,10 @@ from torch.utils.data import DataLoader
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
 from olingo.dataset.sampler import ResumableSampler
-from olingo.trainer._support import (
+from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
+from olingo.trainer.checkpoint import CheckpointManager, load_trained, save_trained
+from olingo.trainer.loop import is_due, loop_scope, optimizer_step_groups
+from olingo.trainer.loop_support import (
     Evaluator,
     callback_states,
     check_stop_signal,
@@ -48,9 +51,6 @@ from olingo.trainer._support import (
     restore_callback_states,
     run_evaluator,
 )
-from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
-from olingo.trainer.checkpoint import CheckpointManager, load_trained, save_trained
-from olingo.trainer.loop import is_due, loop_scope, optimizer_step_groups
 from olingo.trainer.utils import optimizer_steps_per_epoch, rng_state, set_rng_state
 
 logger = logging.getLogger("olingo.trainer")

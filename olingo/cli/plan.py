@@ -48,7 +48,6 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from olingo.config import ConfigError, load_config
-from olingo.models.functional import CHUNK_ELEMENTS
 from olingo.models.loading import resolve_dtype
 from olingo.models.reward_model import RewardModel
 from olingo.recipes.common import packaged_config, resolve_model_path
@@ -57,6 +56,7 @@ from olingo.recipes.grpo_config import GRPOConfig
 from olingo.recipes.ppo import PPOConfig
 from olingo.recipes.rm import RMConfig
 from olingo.recipes.sft import SFTConfig
+from olingo.rl.logprobs import CHUNK_ELEMENTS
 
 STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "dpo": DPOConfig, "orpo": ORPOConfig, "kto": KTOConfig}
 

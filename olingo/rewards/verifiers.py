@@ -14,7 +14,8 @@ math_answer, `extract_answer`, `parse_number` and `answers_equal`, are public fo
 
 All are single-row functions `fn(prompt, response, gt_answer, **row_fields) -> float`. A
 missing ground truth scores 0.0 (not an error): a verifier has nothing to verify against.
-`olingo.models.rewards` imports this module, so the names exist whenever the registry does.
+The registry (`olingo.rewards.registry.BUILTIN_REWARDS`) names the four, importing this module
+on first use; this module imports nothing of olingo.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any, Literal
-
-from olingo.models.rewards import register_reward
 
 __all__ = [
     "ABS_TOL",
@@ -109,8 +108,7 @@ def answers_equal(a: str | Fraction | float, b: str | Fraction | float, rel_tol:
     return abs(x - y) <= max(Fraction(rel_tol) * max(abs(x), abs(y)), Fraction(abs_tol))
 
 
-# ---- the registered verifiers --------------------------------------------------------------
-@register_reward("math_answer")
+# ---- the built-in verifiers -----------------------------------------------------------------
 def math_answer(prompt: str, response: str, gt_answer: str | None) -> float:
     """1.0 when the response's final answer equals the ground truth, else 0.0.
 
@@ -129,7 +127,6 @@ def math_answer(prompt: str, response: str, gt_answer: str | None) -> float:
     return 1.0 if answers_equal(answer, expected) else 0.0
 
 
-@register_reward("exact_match")
 def exact_match(prompt: str, response: str, gt_answer: str | None) -> float:
     """1.0 when the response equals the ground truth once surrounding whitespace is stripped
     from both (case and inner spacing count), else 0.0; 0.0 without a ground truth."""
@@ -138,7 +135,6 @@ def exact_match(prompt: str, response: str, gt_answer: str | None) -> float:
     return 1.0 if response.strip() == str(gt_answer).strip() else 0.0
 
 
-@register_reward("format_regex")
 def format_regex(prompt: str, response: str, gt_answer: str | None, format_pattern: str | None = None) -> float:
     """1.0 when the whole response matches a regular expression (`re.fullmatch`, `.` matching
     newlines too), else 0.0: a reward for following an output format, whatever the answer.
@@ -150,7 +146,6 @@ def format_regex(prompt: str, response: str, gt_answer: str | None, format_patte
     return 1.0 if _compiled(DEFAULT_FORMAT_PATTERN if format_pattern is None else format_pattern).fullmatch(response) else 0.0
 
 
-@register_reward("length_penalty")
 def length_penalty(prompt: str, response: str, gt_answer: str | None, length_budget: int | None = None) -> float:
     """-(characters beyond the budget) / budget, clipped to [-1, 0]: 0.0 within the budget,
     -0.5 at one and a half times it, -1.0 from twice it on. It discourages rambling without

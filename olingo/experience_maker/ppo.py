@@ -1,4 +1,4 @@
-"""`NaiveExperienceMaker`: rollouts -> scored, advantage-annotated `Experience`.
+"""`PPOExperienceMaker`: rollouts -> scored, advantage-annotated `Experience`.
 
 One call to `make_experience`, as the algorithm reads (InstructGPT / Ziegler et al. 2019):
     1. generate responses to left-padded prompts through the rollout engine
@@ -11,14 +11,14 @@ One call to `make_experience`, as the algorithm reads (InstructGPT / Ziegler et 
     6. advantages from the configured estimator (GAE: with returns for the critic); optional
        whitening (per rank, or global)
     7. update the KL controller (adaptive: towards `kl_target`) with the KL of every rank
-All maths is in `olingo.models.functional`; this module only wires models to it.
+All maths is in `olingo.rl`; this module only wires models to it (`NaiveExperienceMaker` is
+its ColossalChat name, exported beside it from `olingo.experience_maker`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,111 +34,23 @@ from olingo.experience_maker.config import ExperienceConfig, RewardShaping
 from olingo.experience_maker.engine_logprobs import policy_log_probs
 from olingo.experience_maker.experience import Experience, experience_info
 from olingo.experience_maker.kl_controller import AdaptiveKLController, FixedKLController
-from olingo.models.functional import (
-    AllReduceSum,
-    RunningMoments,
-    kl_estimate,
-    log_probs_from_logits,
-    masked_whiten,
-    per_token_rewards,
+from olingo.experience_maker.scoring import (
+    ScoredRollout,
+    action_log_probs,
+    action_values,
+    score_rollout,
+    to_model_device,
 )
-from olingo.models.rewards import CompositeReward
-from olingo.models.utils import keeps_logits, position_ids_from_mask
+from olingo.rewards.functions import CompositeReward
+from olingo.rl.advantages import per_token_rewards
+from olingo.rl.kl import kl_estimate
+from olingo.rl.masked import AllReduceSum, masked_whiten
+from olingo.rl.moments import RunningMoments
 
 logger = logging.getLogger("olingo.experience")
 
 
-def policy_logits(model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0) -> torch.Tensor:
-    """Logits that predict the A response tokens: (B, A, V), divided by the sampling temperature.
-
-    Position P+j-1 predicts response token j. Positions are counted over attended tokens, the
-    way `generate` counts them on left-padded prompts, so these logits are the ones sampled from.
-    Dividing by `temperature` makes log-probs those of the distribution actually sampled.
-    """
-    keep = {"logits_to_keep": num_actions + 1} if keeps_logits(model) else {}  # the prompt's logits are not needed
-    logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask), use_cache=False, **keep).logits
-    logits = logits[:, -num_actions - 1 : -1]
-    return logits / temperature if temperature != 1.0 else logits
-
-
-def action_log_probs(model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0) -> torch.Tensor:
-    """log pi(response token j | prefix): (B, A)."""
-    logits = policy_logits(model, sequences, attention_mask, num_actions, temperature)
-    return log_probs_from_logits(logits, sequences[:, -num_actions:])
-
-
-def action_values(critic: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
-    """V(state before response token j): (B, A), the critic at positions P-1 .. P+A-2."""
-    return critic(sequences, attention_mask)[:, -num_actions - 1 : -1]
-
-
-@dataclass
-class ScoredRollout:
-    """A rollout with the quantities both training and evaluation need.
-
-    log_probs, ref_log_probs: (B, A), or None where not computed (GRPO without a reference or
-    without a need for pi_old); raw_score: (B,) (reward before any normalisation);
-    prompts/responses: decoded text (responses without special tokens); gt_answers: B entries.
-    """
-
-    rollout: Rollout
-    log_probs: torch.Tensor | None
-    ref_log_probs: torch.Tensor | None
-    raw_score: torch.Tensor
-    prompts: list[str]
-    responses: list[str]
-    gt_answers: list[str | None]
-    reward_terms: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
-    """Each reward term's unweighted (B,) values (reward functions, a neural term), when the
-    reward is a `CompositeReward`; logged as `rollout/reward/<name>`."""
-    engine_log_probs: torch.Tensor | None = None
-    """(B, A): the log-probs a separate rollout engine reported (see `engine_logprobs`)."""
-    engine_info: dict[str, float] = dataclasses.field(default_factory=dict)
-    """The engine/trainer mismatch metrics of this rollout, logged as `rollout/engine_*`."""
-
-    def samples(self) -> list[dict[str, Any]]:
-        """One JSON-ready dict per rollout: prompt, response, gt_answer, reward, truncated."""
-        return [
-            {"prompt": p, "response": r, "gt_answer": g, "reward": float(s), "truncated": bool(t)}
-            for p, r, g, s, t in zip(self.prompts, self.responses, self.gt_answers, self.raw_score.tolist(), self.rollout.truncated.tolist(), strict=True)
-        ]
-
-
-
-def decode_responses(tokenizer: Any, responses: torch.Tensor, action_mask: torch.Tensor) -> list[str]:
-    """The text of each response (B, A) up to its end, without special tokens. One batch_decode
-    when the pad token is special (what lies after an end is then dropped like the stop token);
-    else row by row, each row cut at its mask."""
-    mask = action_mask.bool()
-    if tokenizer.pad_token_id in getattr(tokenizer, "all_special_ids", ()):
-        return tokenizer.batch_decode(responses.masked_fill(~mask, tokenizer.pad_token_id), skip_special_tokens=True)
-    return [tokenizer.decode(row[keep], skip_special_tokens=True) for row, keep in zip(responses, mask, strict=True)]
-
-
-def score_rollout(
-    reward: nn.Module | CompositeReward, tokenizer: Any, input_ids: torch.Tensor, rollout: Rollout,
-    gt_answers: list[str | None] | None, row_fields: dict[str, list[Any]] | None,
-    log_probs: torch.Tensor | None = None, ref_log_probs: torch.Tensor | None = None,
-) -> ScoredRollout:
-    """Decode the prompts (B, P) and responses of `rollout` and score them: reward functions
-    (and a neural term) on text, or a reward model at the last attended token, which is the
-    stop token, exactly where reward-model training reads. Scores land on the rollout's device."""
-    seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
-    device = seq.device
-    prompts = tokenizer.batch_decode(input_ids, skip_special_tokens=True)
-    responses = decode_responses(tokenizer, seq[:, -num_actions:], rollout.action_mask)
-    gt_answers = list(gt_answers) if gt_answers is not None else [None] * seq.shape[0]
-    terms: dict[str, torch.Tensor] = {}
-    if isinstance(reward, CompositeReward):
-        neural = reward.neural
-        inputs = _on(neural, seq, mask) if isinstance(neural, nn.Module) else (seq, mask)
-        scores = reward.score(prompts, responses, gt_answers, row_fields, model_inputs=inputs)
-        raw_score, terms = scores.total.to(device), scores.terms
-    else:
-        raw_score = reward(*_on(reward, seq, mask)).float().to(device)
-    return ScoredRollout(rollout, log_probs, ref_log_probs, raw_score, prompts, responses, gt_answers, terms)
-
-class NaiveExperienceMaker:
+class PPOExperienceMaker:
     """Makes `Experience` from prompt batches with an actor, critic, reward and reference model.
 
     Args (beyond the four models and the tokenizer; `critic=None`: no values, no returns, and
@@ -213,7 +125,7 @@ class NaiveExperienceMaker:
         if self.config.skip_reference_when_kl_zero and isinstance(self.kl_ctl, FixedKLController) and self.kl_ctl.value == 0:
             ref_log_probs = log_probs  # KL is exactly 0 and -0 * KL adds nothing to any reward
         else:
-            ref_log_probs = action_log_probs(self.initial_model, *_on(self.initial_model, seq, mask), num_actions, temperature).to(device)
+            ref_log_probs = action_log_probs(self.initial_model, *to_model_device(self.initial_model, seq, mask), num_actions, temperature).to(device)
         scored = score_rollout(self.reward_model, self.tokenizer, input_ids, rollout, gt_answers, row_fields, log_probs, ref_log_probs)
         return dataclasses.replace(scored, engine_log_probs=policy.engine, engine_info=policy.info)
 
@@ -290,9 +202,3 @@ def _rollout_on(rollout: Rollout, device: torch.device) -> Rollout:
     if rollout.log_probs is not None:
         moved["log_probs"] = rollout.log_probs.to(device)
     return dataclasses.replace(rollout, **moved)
-
-
-def _on(model: nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """`tensors` moved to `model`'s device (inference models may sit elsewhere than the actor)."""
-    device = next(model.parameters()).device
-    return tuple(t.to(device) for t in tensors)

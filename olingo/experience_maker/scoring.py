@@ -1,0 +1,114 @@
+"""Scoring rollouts, shared by the PPO and group experience makers: the policy's logits and
+log-probs of the response tokens, the critic's values, decoded text and its reward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from olingo.engines import Rollout
+from olingo.models.utils import keeps_logits, position_ids_from_mask
+from olingo.rewards.functions import CompositeReward
+from olingo.rl.logprobs import log_probs_from_logits
+
+
+def policy_logits(model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0) -> torch.Tensor:
+    """Logits that predict the A response tokens: (B, A, V), divided by the sampling temperature.
+
+    Position P+j-1 predicts response token j. Positions are counted over attended tokens, the
+    way `generate` counts them on left-padded prompts, so these logits are the ones sampled from.
+    Dividing by `temperature` makes log-probs those of the distribution actually sampled.
+    """
+    keep = {"logits_to_keep": num_actions + 1} if keeps_logits(model) else {}  # the prompt's logits are not needed
+    logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask), use_cache=False, **keep).logits
+    logits = logits[:, -num_actions - 1 : -1]
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def action_log_probs(model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0) -> torch.Tensor:
+    """log pi(response token j | prefix): (B, A)."""
+    logits = policy_logits(model, sequences, attention_mask, num_actions, temperature)
+    return log_probs_from_logits(logits, sequences[:, -num_actions:])
+
+
+def action_values(critic: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
+    """V(state before response token j): (B, A), the critic at positions P-1 .. P+A-2."""
+    return critic(sequences, attention_mask)[:, -num_actions - 1 : -1]
+
+
+@dataclass
+class ScoredRollout:
+    """A rollout with the quantities both training and evaluation need.
+
+    log_probs, ref_log_probs: (B, A), or None where not computed (GRPO without a reference or
+    without a need for pi_old); raw_score: (B,) (reward before any normalisation);
+    prompts/responses: decoded text (responses without special tokens); gt_answers: B entries.
+    """
+
+    rollout: Rollout
+    log_probs: torch.Tensor | None
+    ref_log_probs: torch.Tensor | None
+    raw_score: torch.Tensor
+    prompts: list[str]
+    responses: list[str]
+    gt_answers: list[str | None]
+    reward_terms: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    """Each reward term's unweighted (B,) values (reward functions, a neural term), when the
+    reward is a `CompositeReward`; logged as `rollout/reward/<name>`."""
+    engine_log_probs: torch.Tensor | None = None
+    """(B, A): the log-probs a separate rollout engine reported (see `engine_logprobs`)."""
+    engine_info: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The engine/trainer mismatch metrics of this rollout, logged as `rollout/engine_*`."""
+
+    def samples(self) -> list[dict[str, Any]]:
+        """One JSON-ready dict per rollout: prompt, response, gt_answer, reward, truncated."""
+        return [
+            {"prompt": p, "response": r, "gt_answer": g, "reward": float(s), "truncated": bool(t)}
+            for p, r, g, s, t in zip(self.prompts, self.responses, self.gt_answers, self.raw_score.tolist(), self.rollout.truncated.tolist(), strict=True)
+        ]
+
+
+
+def decode_responses(tokenizer: Any, responses: torch.Tensor, action_mask: torch.Tensor) -> list[str]:
+    """The text of each response (B, A) up to its end, without special tokens. One batch_decode
+    when the pad token is special (what lies after an end is then dropped like the stop token);
+    else row by row, each row cut at its mask."""
+    mask = action_mask.bool()
+    if tokenizer.pad_token_id in getattr(tokenizer, "all_special_ids", ()):
+        return tokenizer.batch_decode(responses.masked_fill(~mask, tokenizer.pad_token_id), skip_special_tokens=True)
+    return [tokenizer.decode(row[keep], skip_special_tokens=True) for row, keep in zip(responses, mask, strict=True)]
+
+
+def score_rollout(
+    reward: nn.Module | CompositeReward, tokenizer: Any, input_ids: torch.Tensor, rollout: Rollout,
+    gt_answers: list[str | None] | None, row_fields: dict[str, list[Any]] | None,
+    log_probs: torch.Tensor | None = None, ref_log_probs: torch.Tensor | None = None,
+) -> ScoredRollout:
+    """Decode the prompts (B, P) and responses of `rollout` and score them: reward functions
+    (and a neural term) on text, or a reward model at the last attended token, which is the
+    stop token, exactly where reward-model training reads. Scores land on the rollout's device."""
+    seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
+    device = seq.device
+    prompts = tokenizer.batch_decode(input_ids, skip_special_tokens=True)
+    responses = decode_responses(tokenizer, seq[:, -num_actions:], rollout.action_mask)
+    gt_answers = list(gt_answers) if gt_answers is not None else [None] * seq.shape[0]
+    terms: dict[str, torch.Tensor] = {}
+    if isinstance(reward, CompositeReward):
+        neural = reward.neural
+        inputs = to_model_device(neural, seq, mask) if isinstance(neural, nn.Module) else (seq, mask)
+        scores = reward.score(prompts, responses, gt_answers, row_fields, model_inputs=inputs)
+        raw_score, terms = scores.total.to(device), scores.terms
+    else:
+        raw_score = reward(*to_model_device(reward, seq, mask)).float().to(device)
+    return ScoredRollout(rollout, log_probs, ref_log_probs, raw_score, prompts, responses, gt_answers, terms)
+
+
+def to_model_device(model: nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`tensors` moved to `model`'s device (inference models may sit elsewhere than the actor)."""
+    device = next(model.parameters()).device
+    return tuple(t.to(device) for t in tensors)

@@ -1,0 +1,182 @@
+"""Rewards per token and advantage estimators: GAE for PPO, the group-relative advantages of
+the GRPO family (GRPO, Dr. GRPO, RLOO), REINFORCE++, and DAPO's overlong penalty.
+
+Conventions: per-token RL tensors are (B, A), column j being response token j. `action_mask`
+(B, A) is 1/True on real response tokens and 0 on the padding after the stop token (any
+nonzero value counts as 1). Masked-out entries of every output are exactly 0, and a row whose
+mask is all zero gives 0, never NaN. No function here detaches its inputs: callers that build
+experience run them under `torch.no_grad()`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from olingo.rl.masked import AllReduceSum, masked_whiten
+
+RewardPlacement = Literal["last", "every"]
+
+
+def per_token_rewards(
+    score: torch.Tensor,
+    kl: torch.Tensor,
+    action_mask: torch.Tensor,
+    kl_coef: float,
+    placement: RewardPlacement = "last",
+) -> torch.Tensor:
+    """Shaped reward r_t = -kl_coef * kl_t, plus the sequence score (Ziegler et al. 2019;
+    InstructGPT, Ouyang et al. 2022, eq. 2).
+
+    score: (B,) reward-model scores; kl, action_mask: (B, A). Returns (B, A) in kl's dtype.
+    placement="last" adds the score at the last masked token of each row (InstructGPT, trlx:
+    the score is a terminal reward); "every" adds it to every masked token (ColossalChat), which
+    makes longer responses earn more of it. Masked-out entries and empty rows are 0.
+    """
+    mask = action_mask.bool()
+    score = score.to(kl.dtype)
+    rewards = torch.where(mask, -kl_coef * kl, torch.zeros_like(kl))
+    if placement == "every":
+        return rewards + torch.where(mask, score.unsqueeze(-1), torch.zeros_like(kl))
+    if placement != "last":
+        raise ValueError(f"unknown reward placement {placement!r}; choose 'last' or 'every'")
+    # argmax of the flipped mask finds the last True; rows with none get their score zeroed.
+    last = mask.shape[-1] - 1 - mask.flip(-1).long().argmax(dim=-1, keepdim=True)
+    terminal = torch.where(mask.any(dim=-1), score, torch.zeros_like(score))
+    return rewards.scatter_add(-1, last, terminal.unsqueeze(-1))
+
+
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    action_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016, "High-Dimensional Continuous
+    Control Using GAE", eq. 16), and the returns used as value targets.
+
+    rewards, values, action_mask: (B, A), the mask right-padded. Returns (advantages, returns),
+    both (B, A): delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1},
+    returns = A + V. Rewards and values are masked first, so V and A after the last real token
+    are 0: the episode ends there and nothing is bootstrapped from padding.
+    """
+    mask = action_mask.bool()
+    rewards = torch.where(mask, rewards, torch.zeros_like(rewards))
+    values = torch.where(mask, values, torch.zeros_like(values))
+    next_value = torch.zeros_like(values[:, 0])
+    next_advantage = torch.zeros_like(values[:, 0])
+    advantages = []
+    for t in reversed(range(rewards.shape[-1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        next_advantage = delta + gamma * lam * next_advantage
+        next_value = values[:, t]
+        advantages.append(next_advantage)
+    advantages = torch.stack(advantages[::-1], dim=-1)
+    zeros = torch.zeros_like(advantages)
+    return torch.where(mask, advantages, zeros), torch.where(mask, advantages + values, zeros)
+
+
+# ---- the GRPO family: sequence advantages from groups of G responses to one prompt ----------
+# Rows are grouped contiguously: rows g*G .. g*G+G-1 answer prompt g (`repeat_interleave`).
+
+
+def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) -> (B/G, G), refusing a batch that is not whole groups."""
+    if group_size < 1 or scores.dim() != 1 or scores.numel() % group_size:
+        raise ValueError(f"scores of shape {tuple(scores.shape)} are not whole groups of {group_size}")
+    return scores.view(-1, group_size)
+
+
+def group_mean(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Each row's group mean reward, (B,) -> (B,)."""
+    return _groups(scores, group_size).mean(dim=-1).repeat_interleave(group_size)
+
+
+def grpo_advantages(scores: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO (Shao et al. 2024, DeepSeekMath, section 4.1.2): A_i = (r_i - mean(r)) / (std(r) + eps).
+
+    scores: (B,) sequence rewards, B = groups x `group_size` (G >= 2). Returns (B,). std is
+    the unbiased one (n - 1), as in TRL and verl. A group whose rewards are all equal gets 0.
+    """
+    groups = _groups(scores, group_size)
+    if group_size < 2:
+        raise ValueError("grpo advantages need at least 2 responses per prompt (the std of one is undefined)")
+    centred = groups - groups.mean(dim=-1, keepdim=True)
+    return (centred / (groups.std(dim=-1, keepdim=True) + eps)).flatten()
+
+
+def dr_grpo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like Training", eq. 3): A_i = r_i - mean(r).
+
+    No division by the group std, which up-weights groups that are nearly all right or all
+    wrong. scores: (B,) -> (B,).
+    """
+    groups = _groups(scores, group_size)
+    return (groups - groups.mean(dim=-1, keepdim=True)).flatten()
+
+
+def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024, "Back to Basics", eq. 6): A_i = r_i - mean of the other G-1
+    rewards = G / (G - 1) * (r_i - mean(r)). scores: (B,) -> (B,); G >= 2."""
+    if group_size < 2:
+        raise ValueError("rloo advantages need at least 2 responses per prompt (a leave-one-out baseline)")
+    groups = _groups(scores, group_size)
+    others = (groups.sum(dim=-1, keepdim=True) - groups) / (group_size - 1)
+    return (groups - others).flatten()
+
+
+def reward_to_go(rewards: torch.Tensor, action_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Discounted returns G_t = sum_{s >= t} gamma^(s-t) r_s over each row's masked tokens.
+
+    rewards, action_mask: (B, A). Returns (B, A), 0 on masked-out entries. With gamma = 1 this
+    is a reverse cumulative sum (REINFORCE++, Hu 2025).
+    """
+    mask = action_mask.bool()
+    rewards = torch.where(mask, rewards, torch.zeros_like(rewards))
+    if gamma == 1.0:
+        returns = rewards.flip(-1).cumsum(-1).flip(-1)
+    else:
+        running = torch.zeros_like(rewards[:, 0])
+        columns = []
+        for t in reversed(range(rewards.shape[-1])):
+            running = rewards[:, t] + gamma * running
+            columns.append(running)
+        returns = torch.stack(columns[::-1], dim=-1)
+    return torch.where(mask, returns, torch.zeros_like(returns))
+
+
+def reinforce_pp_advantages(
+    rewards: torch.Tensor, scores: torch.Tensor, action_mask: torch.Tensor, group_size: int | None = None,
+    all_reduce_sum: AllReduceSum | None = None,
+) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach"): the reward-to-go
+    of the per-token rewards (KL penalty at every token, score at the last) with gamma 1,
+    whitened over the whole global batch. With `group_size` (the "baseline" variant) the group
+    mean score is subtracted first: every token of a response sees its terminal score in the
+    reward-to-go, so subtracting it there equals subtracting it from the score.
+
+    rewards, action_mask: (B, A); scores: (B,) the sequence scores inside `rewards`. Returns
+    (B, A). `all_reduce_sum` makes the whitening statistics those of every rank's batch.
+    """
+    returns = reward_to_go(rewards, action_mask)
+    if group_size is not None:
+        returns = returns - group_mean(scores, group_size).to(returns.dtype).unsqueeze(-1)
+    return masked_whiten(returns, action_mask, all_reduce_sum=all_reduce_sum)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_length: int, cache: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to the score.
+
+    lengths: (B,) response lengths in tokens. With limit L = `max_length` and cache L_c:
+    0 for |o| <= L - L_c; ((L - L_c) - |o|) / L_c inside the cache; -1 beyond L. Returns (B,)
+    float32. `cache` 0 turns it off (all zeros).
+    """
+    lengths = lengths.float()
+    if cache <= 0:
+        return torch.zeros_like(lengths)
+    if cache > max_length:
+        raise ValueError(f"the overlong cache ({cache}) is longer than the length limit ({max_length})")
+    soft = (max_length - cache - lengths) / cache
+    return torch.where(lengths <= max_length - cache, torch.zeros_like(lengths), torch.where(lengths <= max_length, soft, -torch.ones_like(lengths)))
