@@ -44,6 +44,20 @@ def olingo_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "olingo.cli.main", *args]
 
 
+def user_package(root: Path, package: str, module: str, source: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Write `<root>/pkgs/<package>/<module>.py` holding `source`, importable as a user's own reward
+    module is (its directory on the path), with any copy of `package` another test imported in
+    this process forgotten, so the import reads this one. Returns the package directory."""
+    directory = root / "pkgs" / package
+    directory.mkdir(parents=True)
+    (directory / "__init__.py").write_text("")
+    (directory / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(root / "pkgs"))
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    return directory
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

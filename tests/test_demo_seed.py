@@ -23,13 +23,13 @@ def test_the_seed_flag_reaches_the_demo(argv, pipeline, seed, monkeypatch, tmp_p
 def test_a_seed_overrides_every_stage_s_run_seed(monkeypatch, tmp_path):
     seen = {}
 
-    def stage(name):  # noqa: ANN001, ANN202
-        def run(cfg):  # noqa: ANN001, ANN202 - record the seed, hand on a stand-in model directory
+    def stage(name):
+        def run(cfg):  # record the seed, hand on a stand-in model directory
             seen[name] = cfg.run.seed
             return {"final_model": str(tmp_path), "run_dir": str(tmp_path)}
         return run
 
-    def evaluation(sft_model, trained, reward_model, cfg):  # noqa: ANN001, ANN202
+    def evaluation(sft_model, trained, reward_model, cfg):
         seen["before/after sampling"] = cfg.run.seed
         raise StopIteration  # the seeds are all this test needs
 

@@ -50,7 +50,7 @@ class SigintAtStep(Callback):
     def __init__(self, step: int = 0) -> None:
         self.step = step
 
-    def on_step_end(self, state, step_idx, batch, metrics) -> None:  # noqa: ANN001 - the hook's signature
+    def on_step_end(self, state, step_idx, batch, metrics) -> None:
         if self.step and step_idx == self.step:
             os.kill(os.getpid(), signal.SIGINT)
 

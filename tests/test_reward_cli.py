@@ -5,13 +5,12 @@ wrong number of values stops the run with a message naming it and the row."""
 from __future__ import annotations
 
 import math
-import sys
 import textwrap
 
 import pytest
 
 from olingo.cli.main import main
-from tests.conftest import read_jsonl
+from tests.conftest import read_jsonl, user_package
 
 pytestmark = pytest.mark.slow
 
@@ -41,14 +40,7 @@ def short(prompts, responses, gt_answers):
 
 @pytest.fixture()
 def my_pkg(tmp_path, monkeypatch):
-    package = tmp_path / "pkgs" / "my_pkg"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "rewards.py").write_text(textwrap.dedent(REWARDS))
-    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
-    for name in [n for n in sys.modules if n == "my_pkg" or n.startswith("my_pkg.")]:
-        monkeypatch.delitem(sys.modules, name)  # another test's my_pkg, cached in this process
-    return package
+    return user_package(tmp_path, "my_pkg", "rewards", textwrap.dedent(REWARDS), monkeypatch)
 
 
 def ppo_args(out, functions: str) -> list[str]:

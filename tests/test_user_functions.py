@@ -23,7 +23,7 @@ from olingo.rewards.functions import ProbeRow, probe, reward_function
 from olingo.rewards.registry import RewardError
 from olingo.tasks.arithmetic import is_correct
 from olingo.trainer.ppo_eval import evaluate_policy
-from tests.conftest import read_jsonl
+from tests.conftest import read_jsonl, user_package
 
 USER_FUNCTIONS = '''
 from olingo.rewards import batched
@@ -61,11 +61,7 @@ def positional_only(prompt, response, gt_answer, extra, /):
 @pytest.fixture()
 def user_pkg(tmp_path, monkeypatch):
     """The module `user_pkg.fns`, importable as a user's own reward module is (PYTHONPATH)."""
-    package = tmp_path / "pkgs" / "user_pkg"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "fns.py").write_text(textwrap.dedent(USER_FUNCTIONS))
-    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    user_package(tmp_path, "user_pkg", "fns", textwrap.dedent(USER_FUNCTIONS), monkeypatch)
     importlib.invalidate_caches()
     yield importlib.import_module("user_pkg.fns")
     for name in ("user_pkg.fns", "user_pkg"):  # each test gets a fresh module (its own CALLS)
