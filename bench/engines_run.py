@@ -61,6 +61,8 @@ GEN_SIZES = ["h128x2", "h256x4"]
 GEN_BATCHES = [64, 256]
 GEN_LENGTHS = [32, 128]
 GEN_IMPLS = ["hf", "vllm"]
+# The engine-vs-trainer log-prob metrics a training run logs when the engine is vLLM.
+ENGINE_DIFF_KEYS = ("rollout/engine_logprob_abs_diff", "rollout/engine_logprob_max_diff", "rollout/engine_kl")
 # Training runs on the CLI: arithmetic prompts (6 tokens), the arithmetic_exact reward, h128x2 policy.
 # The tokenizer's eos ends a response (the CLI has no stop_token_ids=[]), so lengths vary a little;
 # both engines sample the same policy, and the table shows the mean response length of each.
@@ -339,7 +341,7 @@ def episodes_from_metrics(rows: list[dict], episodes: int) -> list[dict]:
         out.append({"end": mine[-1]["time"], "steps": per, "make_experience_s": first["time/make_experience"],
                     "learn_s": sum(r.get("time/learn", 0.0) for r in mine), "weight_sync_s": sum(sync) if sync else None,
                     "response_length": first.get("rollout/response_length"),
-                    **{key.split("/")[1]: first[key] for key in ("rollout/engine_logprob_abs_diff", "rollout/engine_logprob_max_diff", "rollout/engine_kl") if key in first}})
+                    **{key.split("/")[1]: first[key] for key in ENGINE_DIFF_KEYS if key in first}})
     return out
 
 

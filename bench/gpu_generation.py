@@ -24,6 +24,8 @@ new tokens / seconds; `--repeats` timed calls, the first two interleaved A/B):
 Correctness: olingo's `HFEngine` greedy (do_sample=False) against plain greedy `generate` on the
 same model and prompts must give identical tokens in fp32; in the model's dtype (bf16 on CUDA) the
 agreement is reported beside that of plain `generate` run twice (see `greedy_check`).
+The timed implementations and the check are in bench/gpu_generation_runs.py; this file builds the
+model, runs them and writes the summary.
 
 Prints a JSON summary and writes it to $OUT/gpu_generation.json when $OUT is set (and to --out).
 """
@@ -31,7 +33,6 @@ Prints a JSON summary and writes it to $OUT/gpu_generation.json when $OUT is set
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -47,6 +48,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from bench.gpu_generation_runs import bench_hf, bench_olingo_vllm, bench_vllm, free_memory, greedy_check, vllm_available  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -75,23 +78,7 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-# ---- helpers --------------------------------------------------------------------------------------
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def is_oom(error: BaseException) -> bool:
-    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", RuntimeError)
-    return isinstance(error, oom) or "out of memory" in str(error).lower()
-
-
-def free_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
+# ---- the model, its tokenizer and the environment -----------------------------------------------------
 def environment(device: torch.device) -> dict:
     import transformers
 
@@ -105,7 +92,7 @@ def environment(device: torch.device) -> dict:
             from importlib import metadata
 
             info[f"{name}_version"] = metadata.version(name)
-        except Exception:  # noqa: BLE001 (absent is an answer)
+        except Exception:  # absent is an answer
             info[f"{name}_version"] = None
     return info
 
@@ -146,40 +133,6 @@ def build_model(args, device: torch.device, dtype: torch.dtype):
     return model
 
 
-def plain_config(new_tokens: int, sample: bool):
-    from transformers import GenerationConfig
-
-    sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {"do_sample": False}
-    return GenerationConfig(max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0, use_cache=True, num_beams=1, **sampling)
-
-
-def chunked(fn, ids: torch.Tensor, mask: torch.Tensor, chunk: int) -> list:
-    return [fn(ids[i:i + chunk], mask[i:i + chunk]) for i in range(0, ids.shape[0], chunk)]
-
-
-class Runner:
-    """Times a batch function on all prompts, in chunks; halves the chunk after a CUDA OOM."""
-
-    def __init__(self, device: torch.device, chunk: int) -> None:
-        self.device, self.chunk, self.ooms = device, chunk, 0
-
-    def run(self, fn, ids: torch.Tensor, mask: torch.Tensor) -> tuple[float, list]:
-        while True:
-            try:
-                sync(self.device)
-                start = time.perf_counter()
-                out = chunked(fn, ids, mask, self.chunk)
-                sync(self.device)
-                return time.perf_counter() - start, out
-            except Exception as error:  # noqa: BLE001
-                if self.device.type != "cuda" or not is_oom(error) or self.chunk == 1:
-                    raise
-                free_memory(self.device)
-                self.ooms += 1
-                self.chunk = max(1, self.chunk // 2)
-                print(f"OOM: chunk -> {self.chunk}", file=sys.stderr, flush=True)
-
-
 # ---- olingo on whatever libraries are installed -----------------------------------------------------------
 def import_olingo_engines() -> tuple[object | None, bool, dict]:
     """(module with GenerationSettings and HFEngine, whether the whole package imported, a note).
@@ -192,7 +145,7 @@ def import_olingo_engines() -> tuple[object | None, bool, dict]:
         import olingo.engines as engines
 
         return engines, True, {"import": "ok"}
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         failure = f"{type(error).__name__}: {error}"
     import importlib.util
     import types
@@ -220,216 +173,9 @@ def import_olingo_engines() -> tuple[object | None, bool, dict]:
                                     HFEngine=sys.modules["olingo.engines.hf"].HFEngine)
         return api, False, {"import": f"failed: {failure}",
                             "fallback": "olingo/engines/{settings,base,hf}.py loaded directly: HFEngine timed and checked; VLLMEngine not"}
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         return None, False, {"import": f"failed: {failure}", "fallback": f"failed too: {type(error).__name__}: {error}",
                              "effect": "olingo's engines were not timed or checked; plain transformers generate only"}
-
-
-# ---- HF generate and olingo's HFEngine --------------------------------------------------------------------
-def response_lengths_ok(outs: list, prompt_len: int, new_tokens: int) -> bool:
-    return all(o.shape[1] == prompt_len + new_tokens for o in outs)
-
-
-def bench_hf(args, model, tokenizer, olingo, ids: torch.Tensor, mask: torch.Tensor, device: torch.device) -> dict:
-    impls = {}
-    config = plain_config(args.new_tokens, sample=True)
-
-    def plain(i, m):
-        return model.generate(input_ids=i, attention_mask=m, generation_config=config)
-
-    impls["hf_generate"] = plain
-    if olingo is not None:
-        engine = olingo.HFEngine(model, tokenizer)
-        settings = olingo.GenerationSettings(max_new_tokens=args.new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, stop_token_ids=[])
-
-        def from_olingo(i, m):
-            return engine.generate(i, m, settings).sequences
-
-        impls["olingo_hf_engine"] = from_olingo
-    runner = Runner(device, args.chunk or ids.shape[0])
-    result = {name: {"seconds": [], "tokens_per_s": []} for name in impls}
-    # warm-up: one whole call per implementation (kernels of every shape, cuBLAS handles, and the
-    # allocator grown to the full KV cache): after a warm-up of 8 prompts x 16 tokens, or of the
-    # whole batch x 32 tokens, the first timed call on an H100 still took 2.5-3.3x the later ones
-    start = time.perf_counter()
-    with torch.no_grad():
-        for impl in impls.values():
-            runner.run(impl, ids, mask)
-    sync(device)
-    warmup_s = time.perf_counter() - start
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    names = list(impls)
-    for repeat in range(args.repeats):
-        order = names if repeat % 2 == 0 else names[::-1]  # A/B, then B/A
-        for name in order:
-            torch.manual_seed(args.seed + repeat)
-            with torch.no_grad():
-                seconds, outs = runner.run(impls[name], ids, mask)
-            if not response_lengths_ok(outs, args.prompt_len, args.new_tokens):
-                raise RuntimeError(f"{name}: responses of other lengths than {args.new_tokens}: {[tuple(o.shape) for o in outs]}")
-            result[name]["seconds"].append(seconds)
-            result[name]["tokens_per_s"].append(ids.shape[0] * args.new_tokens / seconds)
-            print(f"{name} repeat {repeat}: {seconds:.2f} s, {ids.shape[0] * args.new_tokens / seconds:.0f} tok/s (chunk {runner.chunk})", file=sys.stderr, flush=True)
-            del outs
-    for name in result:
-        result[name]["best_tokens_per_s"] = max(result[name]["tokens_per_s"])
-    if "olingo_hf_engine" in result:
-        pairs = zip(result["olingo_hf_engine"]["seconds"], result["hf_generate"]["seconds"], strict=True)
-        result["olingo_over_plain_seconds_per_repeat"] = [round(a / b, 4) for a, b in pairs]
-    result |= {"warmup_s": warmup_s, "chunk": runner.chunk, "ooms": runner.ooms, "attn_implementation": model.config._attn_implementation}
-    if device.type == "cuda":
-        result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    return result
-
-
-def greedy_check(args, model, tokenizer, olingo, ids: torch.Tensor, mask: torch.Tensor) -> dict:
-    """olingo's HFEngine greedy vs plain greedy generate: the same tokens?
-
-    Checked in the model's dtype and again in fp32 (the bf16 weights cast up exactly, then back).
-    A randomly initialised model's next-token logits are nearly tied, so in bf16 any difference
-    in rounding flips a greedy choice and the sequences part from there: the control is plain
-    `generate` run twice, and `identical` in fp32 is what says the engine decodes as generate does."""
-    out = {"prompts": min(args.check_prompts, ids.shape[0]), "new_tokens": args.check_tokens}
-    dtype = next(model.parameters()).dtype
-    for name, check_dtype in (("model_dtype", dtype), ("float32", torch.float32)):
-        model.to(check_dtype)
-        out[name] = _greedy_agreement(args, model, tokenizer, olingo, ids, mask) | {"dtype": str(check_dtype)}
-    model.to(dtype)
-    return out
-
-
-def _greedy_agreement(args, model, tokenizer, olingo, ids: torch.Tensor, mask: torch.Tensor) -> dict:
-    GenerationSettings, HFEngine = olingo.GenerationSettings, olingo.HFEngine  # noqa: N806
-
-    n, k = min(args.check_prompts, ids.shape[0]), args.check_tokens
-    with torch.no_grad():
-        plain = [model.generate(input_ids=ids[:n], attention_mask=mask[:n], generation_config=plain_config(k, sample=False))[:, ids.shape[1]:]
-                 for _ in range(2)]
-        rollout = HFEngine(model, tokenizer).generate(ids[:n], mask[:n], GenerationSettings(max_new_tokens=k, do_sample=False, stop_token_ids=[]))
-    ours = rollout.sequences[:, ids.shape[1]:]
-
-    def agreement(a: torch.Tensor, b: torch.Tensor) -> float:
-        return float((a == b).float().mean()) if a.shape == b.shape else 0.0
-
-    return {"identical": bool(ours.shape == plain[0].shape and torch.equal(ours, plain[0])), "token_agreement": agreement(ours, plain[0]),
-            "plain_twice_identical": bool(torch.equal(plain[0], plain[1])), "plain_twice_agreement": agreement(plain[0], plain[1]),
-            "action_mask_all_true": bool(rollout.action_mask.all())}
-
-
-# ---- vLLM -----------------------------------------------------------------------------------------------
-def vllm_available() -> tuple[bool, str | None]:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process, as olingo runs it
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the JSON summary only
-    try:
-        import vllm  # noqa: F401
-    except Exception as error:  # noqa: BLE001 (ImportError, or a broken install)
-        return False, f"{type(error).__name__}: {error}"
-    return True, None
-
-
-def shutdown_llm(llm) -> None:
-    """Free a vLLM engine fully so another can start (olingo's sequence where olingo imports)."""
-    try:
-        from olingo.engines.vllm import _shutdown_llm
-    except Exception:  # noqa: BLE001 (olingo's package not importable here)
-        _shutdown_llm = None
-    if _shutdown_llm is not None:
-        _shutdown_llm(llm)
-        return
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    finally:
-        del llm
-        gc.collect()
-        try:
-            from vllm.distributed.parallel_state import (
-                destroy_distributed_environment,
-                destroy_model_parallel,
-            )
-
-            destroy_model_parallel()
-            destroy_distributed_environment()
-        except Exception:  # noqa: BLE001
-            pass
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
-def kv_bytes(args, dtype: torch.dtype) -> int:
-    """CPU: KV cache for every prompt at full length, x1.5 (vLLM's CPU backend needs an explicit size)."""
-    head_dim = args.hidden // args.heads
-    per_token = 2 * args.layers * args.kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-    return max(64 * 2**20, int(1.5 * args.prompts * (args.prompt_len + args.new_tokens + 128) * per_token))
-
-
-def bench_vllm(args, model_dir: str, prompts: list[list[int]], device: torch.device, dtype: torch.dtype) -> dict:
-    from vllm import LLM, SamplingParams
-
-    kwargs = {"model": model_dir, "tokenizer": model_dir, "dtype": str(dtype).removeprefix("torch."), "seed": args.seed,
-              "max_model_len": args.prompt_len + args.new_tokens, "enforce_eager": not args.cuda_graphs, "disable_log_stats": True}
-    if device.type == "cuda":
-        kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
-    else:
-        kwargs["kv_cache_memory_bytes"] = kv_bytes(args, dtype)
-    start = time.perf_counter()
-    llm = LLM(**kwargs)
-    start_s = time.perf_counter() - start
-    result = {"start_s": start_s, "enforce_eager": kwargs["enforce_eager"], "seconds": [], "tokens_per_s": []}
-    try:
-        def params(tokens: int, seed: int | None = None):
-            return SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_tokens=tokens, min_tokens=0, ignore_eos=True,
-                                  detokenize=False, seed=seed)
-
-        requests = [{"prompt_token_ids": p} for p in prompts]
-        start = time.perf_counter()
-        llm.generate(requests[:8], params(min(16, args.new_tokens)), use_tqdm=False)
-        result["warmup_s"] = time.perf_counter() - start
-        for repeat in range(args.repeats):
-            sync(device)
-            start = time.perf_counter()
-            outputs = llm.generate(requests, params(args.new_tokens), use_tqdm=False)
-            sync(device)
-            seconds = time.perf_counter() - start
-            lengths = {len(o.outputs[0].token_ids) for o in outputs}
-            if lengths != {args.new_tokens}:
-                raise RuntimeError(f"vllm: response lengths {sorted(lengths)}, expected {args.new_tokens}")
-            result["seconds"].append(seconds)
-            result["tokens_per_s"].append(len(prompts) * args.new_tokens / seconds)
-            print(f"vllm repeat {repeat}: {seconds:.2f} s, {result['tokens_per_s'][-1]:.0f} tok/s", file=sys.stderr, flush=True)
-        result["best_tokens_per_s"] = max(result["tokens_per_s"])
-    finally:
-        shutdown_llm(llm)
-    return result
-
-
-def bench_olingo_vllm(args, model_dir: str, tokenizer, ids: torch.Tensor, mask: torch.Tensor, device: torch.device, dtype: torch.dtype) -> dict:
-    from olingo.engines import GenerationSettings, VLLMEngine, VLLMSettings
-
-    settings = VLLMSettings(dtype=str(dtype).removeprefix("torch."), max_model_len=args.prompt_len + args.new_tokens,
-                            kv_cache_memory_gb=None if device.type == "cuda" else kv_bytes(args, dtype) / 2**30,
-                            gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=not args.cuda_graphs)
-    start = time.perf_counter()
-    engine = VLLMEngine(model_dir, tokenizer, settings, device=device.type)
-    result = {"start_s": time.perf_counter() - start, "seconds": [], "tokens_per_s": [], "note": "log-probs of every sampled token included (olingo always asks vLLM for them)"}
-    try:
-        sampling = GenerationSettings(max_new_tokens=args.new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, stop_token_ids=[])
-        engine.generate(ids[:8], mask[:8], GenerationSettings(max_new_tokens=min(16, args.new_tokens), stop_token_ids=[]))
-        for repeat in range(args.repeats):
-            sync(device)
-            start = time.perf_counter()
-            rollout = engine.generate(ids, mask, sampling)
-            sync(device)
-            seconds = time.perf_counter() - start
-            if rollout.num_actions != args.new_tokens or not bool(rollout.action_mask.all()):
-                raise RuntimeError("olingo VLLMEngine: responses shorter than --new-tokens")
-            result["seconds"].append(seconds)
-            result["tokens_per_s"].append(ids.shape[0] * args.new_tokens / seconds)
-            print(f"olingo_vllm_engine repeat {repeat}: {seconds:.2f} s, {result['tokens_per_s'][-1]:.0f} tok/s", file=sys.stderr, flush=True)
-        result["best_tokens_per_s"] = max(result["tokens_per_s"])
-    finally:
-        engine.close()
-    return result
 
 
 # ---- main -------------------------------------------------------------------------------------------------
@@ -440,10 +186,7 @@ def main() -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but torch.cuda.is_available() is False (use --device cpu for a smoke test)")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-    summary: dict = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "dtype": str(dtype),
-                     "environment": environment(device), "errors": {}}
-    summary["config"]["shape"] = "Qwen2.5-0.5B" if (args.hidden, args.layers, args.heads, args.kv_heads, args.vocab) == (896, 24, 14, 2, 151936) else "custom"
-
+    summary = start_summary(args, device, dtype)
     olingo, olingo_full, summary["olingo"] = import_olingo_engines()  # on top of whatever torch/transformers are here
 
     tokenizer = build_tokenizer(args.vocab)
@@ -454,39 +197,15 @@ def main() -> None:
     ids = torch.randint(3, args.vocab, (args.prompts, args.prompt_len), generator=generator).to(device)
     mask = torch.ones_like(ids)
 
-    want_vllm = not args.no_vllm
-    vllm_ok, vllm_reason = vllm_available() if want_vllm else (False, "skipped (--no-vllm)")
-    model_dir = None
-    if vllm_ok:  # vLLM loads from a directory: save the same random weights and the tokenizer
-        model_dir = tempfile.mkdtemp(prefix="gpu-generation-model-")
-        model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
-
-    if olingo is not None:
-        try:
-            summary["greedy_check"] = greedy_check(args, model, tokenizer, olingo, ids, mask)
-        except Exception as error:  # noqa: BLE001
-            summary["errors"]["greedy_check"] = traceback.format_exc(limit=4)
-            print(f"greedy check failed: {error}", file=sys.stderr)
-    try:
-        summary["hf"] = bench_hf(args, model, tokenizer, olingo, ids, mask, device)
-    except Exception:  # noqa: BLE001
-        summary["errors"]["hf"] = traceback.format_exc(limit=6)
+    vllm_ok, vllm_reason = vllm_available() if not args.no_vllm else (False, "skipped (--no-vllm)")
+    model_dir = save_for_vllm(model, tokenizer) if vllm_ok else None
+    run_hf_benches(summary, args, model, tokenizer, olingo, ids, mask, device)
     del model
     free_memory(device)
 
     summary["vllm"] = {"available": vllm_ok, **({"reason": vllm_reason} if not vllm_ok else {})}
     if vllm_ok:
-        prompts = ids.cpu().tolist()
-        try:
-            summary["vllm"] |= bench_vllm(args, model_dir, prompts, device, dtype)
-        except Exception:  # noqa: BLE001
-            summary["errors"]["vllm"] = traceback.format_exc(limit=6)
-        if olingo_full:
-            try:
-                summary["olingo_vllm_engine"] = bench_olingo_vllm(args, model_dir, tokenizer, ids.cpu(), mask.cpu(), device, dtype)
-            except Exception:  # noqa: BLE001
-                summary["errors"]["olingo_vllm_engine"] = traceback.format_exc(limit=6)
+        run_vllm_benches(summary, args, model_dir, tokenizer, ids, mask, device, dtype, olingo_full)
     if model_dir is not None:
         shutil.rmtree(model_dir, ignore_errors=True)
     hf_best = summary.get("hf", {}).get("hf_generate", {}).get("best_tokens_per_s")
@@ -494,11 +213,63 @@ def main() -> None:
     if hf_best and vllm_best:
         summary["vllm_over_hf_generate"] = round(vllm_best / hf_best, 3)
     summary["total_s"] = round(time.perf_counter() - started, 1)
+    write_summary(summary, args.out)
 
+
+def start_summary(args, device: torch.device, dtype: torch.dtype) -> dict:
+    """The summary's config (paths as strings, the model shape named), dtype and environment."""
+    summary: dict = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "dtype": str(dtype),
+                     "environment": environment(device), "errors": {}}
+    qwen_shape = (args.hidden, args.layers, args.heads, args.kv_heads, args.vocab) == (896, 24, 14, 2, 151936)
+    summary["config"]["shape"] = "Qwen2.5-0.5B" if qwen_shape else "custom"
+    return summary
+
+
+def save_for_vllm(model, tokenizer) -> str:
+    """vLLM loads from a directory: save the same random weights and the tokenizer there."""
+    model_dir = tempfile.mkdtemp(prefix="gpu-generation-model-")
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return model_dir
+
+
+def run_hf_benches(summary: dict, args, model, tokenizer, olingo, ids: torch.Tensor, mask: torch.Tensor, device: torch.device) -> None:
+    """olingo's greedy check (where olingo imports) and the transformers benchmarks, into `summary`;
+    a failure is recorded under `errors` and the other benchmarks still run."""
+    if olingo is not None:
+        try:
+            summary["greedy_check"] = greedy_check(args, model, tokenizer, olingo, ids, mask)
+        except Exception as error:
+            summary["errors"]["greedy_check"] = traceback.format_exc(limit=4)
+            print(f"greedy check failed: {error}", file=sys.stderr)
+    try:
+        summary["hf"] = bench_hf(args, model, tokenizer, olingo, ids, mask, device)
+    except Exception:
+        summary["errors"]["hf"] = traceback.format_exc(limit=6)
+
+
+def run_vllm_benches(summary: dict, args, model_dir: str, tokenizer, ids: torch.Tensor, mask: torch.Tensor,
+                     device: torch.device, dtype: torch.dtype, olingo_full: bool) -> None:
+    """Plain vLLM and (where olingo fully imports) olingo's `VLLMEngine`, into `summary`; a
+    failure is recorded under `errors` and the other benchmark still runs."""
+    prompts = ids.cpu().tolist()
+    try:
+        summary["vllm"] |= bench_vllm(args, model_dir, prompts, device, dtype)
+    except Exception:
+        summary["errors"]["vllm"] = traceback.format_exc(limit=6)
+    if olingo_full:
+        try:
+            summary["olingo_vllm_engine"] = bench_olingo_vllm(args, model_dir, tokenizer, ids.cpu(), mask.cpu(), device, dtype)
+        except Exception:
+            summary["errors"]["olingo_vllm_engine"] = traceback.format_exc(limit=6)
+
+
+def write_summary(summary: dict, out: Path | None) -> None:
+    """Print the summary as JSON and write it to `$OUT/gpu_generation.json` and `out`."""
     text = json.dumps(summary, indent=2)
     print(text)
     targets = [Path(os.environ["OUT"]) / "gpu_generation.json"] if os.environ.get("OUT") else []
-    targets += [args.out] if args.out else []
+    targets += [out] if out else []
     for target in targets:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text + "\n")

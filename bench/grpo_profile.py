@@ -201,7 +201,8 @@ def learn_pieces(spec: dict, reps: int) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(spec["policy_dir"]).train()
     B, A = spec["batch_size"] * spec["num_generations"], spec["response_length"]
-    prompts = torch.tensor([row["input_ids"] for row in workload.read_jsonl(spec["prompts"])[: spec["batch_size"]]]).repeat_interleave(spec["num_generations"], 0)
+    rows = workload.read_jsonl(spec["prompts"])[: spec["batch_size"]]
+    prompts = torch.tensor([row["input_ids"] for row in rows]).repeat_interleave(spec["num_generations"], 0)
     seq = torch.cat([prompts, torch.randint(8, 104, (B, A))], dim=1)
     mask, action_mask = torch.ones_like(seq), torch.ones(B, A, dtype=torch.bool)
     advantages = torch.randn(B, 1).expand(B, A).contiguous()
@@ -271,7 +272,8 @@ def scoring_pieces(spec: dict, reps: int) -> None:
     print(f"\n## scoring and batching pieces ({rollout.sequences.shape[0]} rollouts of {A} tokens)\n")
     time_side_by_side({
         "minimal: batch_decode + checker + advantages": minimal_scoring,
-        "olingo `rollout_from_responses` (masks from the generated ids)": lambda: rollout_from_responses(repeated, torch.ones_like(repeated), responses, tokenizer, settings, None),
+        "olingo `rollout_from_responses` (masks from the generated ids)":
+            lambda: rollout_from_responses(repeated, torch.ones_like(repeated), responses, tokenizer, settings, None),
         "olingo `GroupExperienceMaker.sample` less generate (decode, score, info, samples)": lambda: maker.sample(prompts, ones, answers),
         "olingo `finish` (advantages)": lambda: maker.finish(experience),
         "olingo buffer round trip: `split_experience_batch` + `make_experience_batch`": lambda: make_experience_batch(split_experience_batch(experience)),

@@ -159,7 +159,8 @@ def run(impl):
 
 def finish(spec: dict, output: dict) -> dict:
     warm, marks = spec["warmup_updates"], output["marks"]
-    return {"impl": spec["impl"], "step_times_s": marks.intervals(marks.wall)[warm:], "cpu_times_s": marks.intervals(marks.cpu)[warm:], "phase_s": output["phase_s"][warm:],
+    return {"impl": spec["impl"], "step_times_s": marks.intervals(marks.wall)[warm:], "cpu_times_s": marks.intervals(marks.cpu)[warm:],
+            "phase_s": output["phase_s"][warm:],
             "mean_reward": output["mean_reward"], "peak_rss_mb": peak_rss_mb()}
 
 

@@ -51,7 +51,8 @@ WORDS = ("river mountain lantern quiet harbor copper meadow signal winter orchar
 
 COMMON_SL = ["data.eval=[]", "train.epochs=1", "train.save_interval=0", "train.eval_interval=0"]
 SL_SHAPE = ["data.max_length=128", "data.overlong=truncate", "train.batch_size=2"]  # 2 pairs = 4 rows of 128 tokens per step
-GRPO_SHAPE = ["data.max_prompt_length=64", "data.overlong=truncate", "generation.max_new_tokens=32", "experience.num_generations=4", "loop.rollout_batch_size=2",
+GRPO_SHAPE = ["data.max_prompt_length=64", "data.overlong=truncate", "generation.max_new_tokens=32", "experience.num_generations=4",
+              "loop.rollout_batch_size=2",
               "loop.train_batch_size=8", "loop.update_steps=1", "loop.episodes=3", "loop.save_interval=0", "loop.eval_interval=0",
               "loop.accuracy_function=null", "data.eval_prompts=[]", "reward.functions={bench.plan_memory:text_reward: 1.0}"]
 LORA = ["model.lora.r=8", "model.lora.alpha=16"]
@@ -119,11 +120,11 @@ class PhaseSampler:
         self._thread.join()
 
 
-def phase_callback(sampler: PhaseSampler):  # noqa: ANN201 - a Callback
+def phase_callback(sampler: PhaseSampler):  # returns a Callback
     from olingo.trainer.callbacks import Callback
 
     class Phases(Callback):
-        def on_train_start(self, state) -> None:  # noqa: ANN001
+        def on_train_start(self, state) -> None:
             sampler.phase = "train"
 
         def on_make_experience_start(self) -> None:
@@ -132,7 +133,7 @@ def phase_callback(sampler: PhaseSampler):  # noqa: ANN201 - a Callback
         def on_learn_batch_start(self) -> None:
             sampler.phase = "learn"
 
-        def on_train_end(self, state, artifacts) -> None:  # noqa: ANN001
+        def on_train_end(self, state, artifacts) -> None:
             sampler.phase = "save"
 
     return Phases()
@@ -234,7 +235,8 @@ def main() -> None:
                "ratios": {a: predicted / r["measured_mib"] for a, r in runs.items()}}
         rows.append(row)
         print(f"{name:<22} predicted {predicted:6.0f} MiB  " + "  ".join(
-            f"{a}: measured {r['measured_mib']:6.0f} MiB, ratio {row['ratios'][a]:.2f} ({', '.join(f'{k} {v:.0f}' for k, v in r['phases_mib'].items())}; {r['seconds']:.0f} s)"
+            f"{a}: measured {r['measured_mib']:6.0f} MiB, ratio {row['ratios'][a]:.2f} "
+            f"({', '.join(f'{k} {v:.0f}' for k, v in r['phases_mib'].items())}; {r['seconds']:.0f} s)"
             for a, r in runs.items()), flush=True)
     allocators = list(rows[0]["runs"]) if rows else []
     headers = ["config", "predicted MiB", *[h for a in allocators for h in (f"measured MiB ({a})", f"predicted / measured ({a})")], "peak phase (mmap)"]

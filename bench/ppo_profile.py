@@ -38,6 +38,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 if os.environ.get("PPO_PROFILE_OLINGO"):  # a child profiling another olingo tree (--baseline)
@@ -145,17 +146,25 @@ def wrap_common(spans: Spans) -> None:
 
 
 def wrap_olingo(spans: Spans) -> None:
-    from olingo.booster.plugin import base as plugin_base
+    for owner, attr, label in [*olingo_rollout_targets(), *olingo_learning_targets()]:
+        if hasattr(owner, attr):  # olingo before or after the buffer change alike
+            spans.wrap(owner, attr, label)
+    from olingo.trainer.callbacks import builtin
+
+    for name in ("JsonlMetrics", "TensorBoardLogger", "ProgressBar", "RolloutSamples"):
+        spans.wrap(getattr(builtin, name), "on_step_end", f"callback {name}.on_step_end")
+
+
+def olingo_rollout_targets() -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, span label) of making experience: generation, scoring, advantages,
+    and the buffer the experience goes into."""
     from olingo.engines import hf
     from olingo.experience_buffer import NaiveExperienceBuffer
     from olingo.experience_maker import advantages
     from olingo.experience_maker import ppo as ppo_maker
-    from olingo.experience_maker.experience import Experience
-    from olingo.rl.policy_loss import PolicyLoss, ValueLoss
-    from olingo.trainer import online, ppo, ppo_learner
-    from olingo.trainer.learner import TrainedModel
+    from olingo.trainer import ppo
 
-    for owner, attr, label in [
+    return [
         (ppo.PPOTrainer, "_make_experience", "_make_experience"),
         (ppo_maker.PPOExperienceMaker, "make_experience", "make_experience"),
         (ppo_maker.PPOExperienceMaker, "rollout_and_score", "rollout_and_score"),
@@ -175,6 +184,20 @@ def wrap_olingo(spans: Spans) -> None:
         (NaiveExperienceBuffer, "collate_fn", "buffer.collate_fn (re-pad)"),
         (NaiveExperienceBuffer, "dataloader", "buffer.dataloader"),
         (NaiveExperienceBuffer, "minibatch", "buffer.minibatch (index, trim)"),
+    ]
+
+
+def olingo_learning_targets() -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, span label) of learning from experience: batching, the learners'
+    losses, backward and optimizer steps, and the step's bookkeeping."""
+    from olingo.booster.plugin import base as plugin_base
+    from olingo.experience_buffer import NaiveExperienceBuffer
+    from olingo.experience_maker.experience import Experience
+    from olingo.rl.policy_loss import PolicyLoss, ValueLoss
+    from olingo.trainer import online, ppo, ppo_learner
+    from olingo.trainer.learner import TrainedModel
+
+    return [
         (ppo.PPOTrainer, "_optimizer_step", "PPOTrainer._optimizer_step"),
         (ppo.PPOTrainer, "_learn", "_learn"),
         (torch.utils.data.DataLoader, "__iter__", "DataLoader.__iter__"),
@@ -202,13 +225,7 @@ def wrap_olingo(spans: Spans) -> None:
         (online.OLTrainer, "_after_step", "_after_step (on_step_end, stop check)"),
         (online, "dispatch", lambda callbacks, event, *a, **k: f"dispatch {event}"),
         (ppo, "dispatch", lambda callbacks, event, *a, **k: f"dispatch {event}"),
-    ]:
-        if hasattr(owner, attr):  # olingo before or after the buffer change alike
-            spans.wrap(owner, attr, label)
-    from olingo.trainer.callbacks import builtin
-
-    for name in ("JsonlMetrics", "TensorBoardLogger", "ProgressBar", "RolloutSamples"):
-        spans.wrap(getattr(builtin, name), "on_step_end", f"callback {name}.on_step_end")
+    ]
 
 
 def wrap_minimal(spans: Spans) -> None:
@@ -226,11 +243,13 @@ PHASES = {
     "critic forward, no grad": ["critic forward (no grad)"],
     "reward forward": ["reward forward (no grad)"],
     "experience: prompt batch, log-probs/values glue, KL, rewards, GAE, whiten, info": [
-        "prompt DataLoader next (sampler, fetch)", "_make_experience", "make_experience", "rollout_and_score", "action_log_probs (scoring)", "action_values (scoring)",
+        "prompt DataLoader next (sampler, fetch)", "_make_experience", "make_experience", "rollout_and_score", "action_log_probs (scoring)",
+        "action_values (scoring)",
         "score_rollout (decode, reward)", "kl_estimate", "per_token_rewards", "GAE", "masked_whiten", "experience_info",
         "ScoredRollout.samples", "token_log_probs", "token_values", "gae"],
     "buffer: split, DataLoader, re-pad, to_device": [
-        "buffer.append (split into items)", "buffer.collate_fn (re-pad)", "buffer.dataloader", "buffer.minibatch (index, trim)", "_learn", "Experience.to_device",
+        "buffer.append (split into items)", "buffer.collate_fn (re-pad)", "buffer.dataloader", "buffer.minibatch (index, trim)", "_learn",
+        "Experience.to_device",
         "DataLoader.__iter__", "buffer DataLoader next (sampler, fetch)"],
     "actor forward with grad (+ log-probs)": ["actor forward (grad)", "policy_logits (learn)", "log_probs_from_logits (learn)"],
     "critic forward with grad": ["critic forward (grad)", "action_values (learn)"],
@@ -240,7 +259,8 @@ PHASES = {
     "backward": ["backward (autograd)", "actor backward", "critic backward"],
     "optimizer (clip, AdamW, zero_grad, schedule)": [
         "clip_grad_norm_", "clip_gradients (norm, clip, float)", "AdamW.step", "zero_grad", "lr scheduler step", "actor step", "critic step"],
-    "metrics (stack, all-reduce, .tolist, skip sync)": ["PPOLearner.optimizer_step", "PPOTrainer._optimizer_step", "_rollout_metrics", "any_rank (skip flag sync)"],
+    "metrics (stack, all-reduce, .tolist, skip sync)": [
+        "PPOLearner.optimizer_step", "PPOTrainer._optimizer_step", "_rollout_metrics", "any_rank (skip flag sync)"],
     "callbacks (logging, samples, progress)": ["_after_step (on_step_end, stop check)"],
 }
 REST = "rest (loop body outside every span)"

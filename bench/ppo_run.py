@@ -135,7 +135,8 @@ def run_minimal(spec: dict, clock: PhaseClock | None) -> dict:
     total = optimizer_steps(spec)
     optims = [torch.optim.AdamW(m.parameters(), lr=spec["lr"], betas=(0.9, 0.95), weight_decay=0.0) for m in (actor, critic)]
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0)))) for o in optims]
-    gen = GenerationConfig(max_new_tokens=spec["response_length"], do_sample=True, temperature=spec["temperature"], top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0)
+    gen = GenerationConfig(max_new_tokens=spec["response_length"], do_sample=True, temperature=spec["temperature"], top_k=0, top_p=1.0,
+                           eos_token_id=None, pad_token_id=0)
     R, eps, vclip = spec["response_length"], spec["cliprange"], spec["cliprange_value"]
     marks, cpu, phases = [], [], []
     for prompts in prompt_batches(spec):
@@ -178,7 +179,8 @@ def run_minimal(spec: dict, clock: PhaseClock | None) -> dict:
 def run_bare_generate(spec: dict, clock: PhaseClock | None) -> dict:
     """`generate` alone on the same batches and settings: the ceiling for generation tokens/s."""
     actor = AutoModelForCausalLM.from_pretrained(spec["policy_dir"]).eval()
-    gen = GenerationConfig(max_new_tokens=spec["response_length"], do_sample=True, temperature=spec["temperature"], top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=0)
+    gen = GenerationConfig(max_new_tokens=spec["response_length"], do_sample=True, temperature=spec["temperature"], top_k=0, top_p=1.0,
+                           eos_token_id=None, pad_token_id=0)
     marks, cpu = [], []
     for prompts in prompt_batches(spec):
         start, cpu_start = time.perf_counter(), time.process_time()

@@ -136,7 +136,8 @@ def write(lines: list[dict], info: dict, args: argparse.Namespace) -> None:
         def med(key: str, runs: list[dict] = runs) -> float:
             return statistics.median(r[key] for r in runs) if key in runs[0] else float("nan")
 
-        table.append(f"| {mode} | {med('wall_s'):.1f} | {med('steps_per_s'):.1f} | {med('rollouts_per_s'):.0f} | {med('weight_sync_s'):.4f} | {med('weight_sync_gbps'):.3f} |")
+        table.append(f"| {mode} | {med('wall_s'):.1f} | {med('steps_per_s'):.1f} | {med('rollouts_per_s'):.0f} "
+                     f"| {med('weight_sync_s'):.4f} | {med('weight_sync_gbps'):.3f} |")
     sync = ["| state dict MB | receivers | seconds | GB/s |", "|---|---|---|---|"]
     sync += [f"| {r['mb']:.1f} | {r['receivers']} | {r['seconds']:.4f} | {r['gbps']:.2f} |" for r in lines if r["mode"] == "weight_sync"]
     text = (

@@ -268,7 +268,8 @@ def main() -> None:
     adamw = None if args.no_adamw_probe else run_adamw_probe(models["policy"], args.threads)
     if adamw:
         info["adamw_probe"] = adamw
-        print("AdamW step alone (ms wall / CPU): " + ", ".join(f"{k} {1000 * adamw[k]['wall_s']:.0f} / {1000 * adamw[k]['cpu_s']:.0f}" for k in ("default", "foreach", "fused")), flush=True)
+        probes = ", ".join(f"{k} {1000 * adamw[k]['wall_s']:.0f} / {1000 * adamw[k]['cpu_s']:.0f}" for k in ("default", "foreach", "fused"))
+        print("AdamW step alone (ms wall / CPU): " + probes, flush=True)
     for repeat in range(args.repeats):
         for stage in stages:
             order = IMPLS[repeat % len(IMPLS):] + IMPLS[: repeat % len(IMPLS)]

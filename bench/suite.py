@@ -136,7 +136,8 @@ def phase_sums(result: dict) -> list[dict]:
 
 def ppo_row(config: dict, impl: str, repeat: int, result: dict) -> dict:
     updates, phases = result["update_times_s"], phase_sums(result)
-    row = {"bench": "ppo", "config": config["name"], **config, "impl": impl, "repeat": repeat, "update_s": median(updates), "peak_rss_mb": result["peak_rss_mb"]}
+    row = {"bench": "ppo", "config": config["name"], **config, "impl": impl, "repeat": repeat, "update_s": median(updates),
+           "peak_rss_mb": result["peak_rss_mb"]}
     for phase in (*PHASES, "learn"):
         row[f"{phase}_s"] = median([p.get(phase, 0.0) for p in phases])
     model_time = [sum(p.get(k, 0.0) for k in MODEL_PHASES) for p in phases]
@@ -177,7 +178,9 @@ def ppo_markdown(rows: list[dict]) -> str:
         base = median([r["update_s"] for r in rows if r["config"] == config and r["impl"] == "minimal"])
         for impl in dict.fromkeys(r["impl"] for r in rows if r["config"] == config):
             mine = [r for r in rows if r["config"] == config and r["impl"] == impl]
-            m = {key: median([r[key] for r in mine]) for key in ("update_s", "generation_s", "actor_fwd_s", "ref_fwd_s", "critic_fwd_s", "reward_fwd_s", "learn_s", "outside_share", "gen_tokens_per_s", "peak_rss_mb")}
+            keys = ("update_s", "generation_s", "actor_fwd_s", "ref_fwd_s", "critic_fwd_s", "reward_fwd_s", "learn_s", "outside_share",
+                    "gen_tokens_per_s", "peak_rss_mb")
+            m = {key: median([r[key] for r in mine]) for key in keys}
             lines.append([config, impl, m["update_s"], m["update_s"] / base, m["generation_s"], m["actor_fwd_s"], m["ref_fwd_s"], m["critic_fwd_s"],
                           m["reward_fwd_s"], m["learn_s"], f"{100 * m['outside_share']:.1f}%", m["gen_tokens_per_s"], m["peak_rss_mb"]])
     intro = ("## PPO (fp32; median seconds per update and per phase; one update = generate, score, 1 PPO epoch over 2 minibatches)\n\n"
@@ -248,7 +251,8 @@ def grpo_markdown(rows: list[dict], threads: int | None = None) -> str:
         c = next(r for r in rows if r["config"] == config)
         step = {i: median([r["step_s"] for r in rows if r["config"] == config and r["impl"] == i]) for i in impls}
         mid, lo, hi = ratio_spread(rows, config, "olingo")
-        line = [f"{config} ({c['batch_size']} x {c['num_generations']}, {c['response_length']})", step["olingo"], step["minimal"], f"{mid:.3f} [{lo:.3f}-{hi:.3f}]"]
+        shape = f"{c['batch_size']} x {c['num_generations']}, {c['response_length']}"
+        line = [f"{config} ({shape})", step["olingo"], step["minimal"], f"{mid:.3f} [{lo:.3f}-{hi:.3f}]"]
         if has_trl:
             trl = next(i for i in impls if i.startswith("trl"))
             t_mid, t_lo, t_hi = ratio_spread(rows, config, trl)
@@ -261,7 +265,8 @@ def grpo_markdown(rows: list[dict], threads: int | None = None) -> str:
         base = median([r["step_s"] for r in rows if r["config"] == config and r["impl"] == "minimal"])
         for impl in impls:
             mine = [r for r in rows if r["config"] == config and r["impl"] == impl]
-            m = {key: median([r[key] for r in mine]) for key in ("step_s", "generation_s", "scoring_s", "reward_fn_s", "learn_s", "other_s", "gen_tokens_per_s", "peak_rss_mb", "mean_reward")}
+            keys = ("step_s", "generation_s", "scoring_s", "reward_fn_s", "learn_s", "other_s", "gen_tokens_per_s", "peak_rss_mb", "mean_reward")
+            m = {key: median([r[key] for r in mine]) for key in keys}
             lines.append([config, impl, m["step_s"], m["step_s"] / base, m["generation_s"], m["scoring_s"], m["reward_fn_s"], m["learn_s"], m["other_s"],
                           m["gen_tokens_per_s"], m["peak_rss_mb"], m["mean_reward"]])
     intro = (f"## GRPO (fp32; one optimizer step = B prompts x G responses generated, scored by the arithmetic checker, group-normalised "

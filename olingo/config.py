@@ -8,32 +8,27 @@
 * `--config NAME` is a local file, else a config shipped in olingo/configs (`packaged:NAME` names
   a shipped one explicitly); `packaged_configs()` lists them.
 * `HomePath` fields expand a leading `~`, as a shell would have done at the start of a word.
-* `config_help(Model)` lists every field with its type, default and one-line doc for `--help`.
+* `config_help(Model)` lists every field with its type, default and one-line doc for `--help`
+  (olingo/config_help.py).
+
+Finding every problem at once, and naming where each came from, is olingo/config_problems.py.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import os
 import re
 import shlex
-import textwrap
-import types
-import typing
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
-import annotated_types
-import pydantic
-import pydantic_core
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
-from pydantic.fields import FieldInfo
 
-from olingo.config_errors import KeyTree, did_you_mean, quote_paths, sibling_hint, unknown_key_hint
+from olingo.config_errors import did_you_mean
+from olingo.config_problems import M, Origins, config_problems, format_problems
 from olingo.errors import OlingoError
 
 
@@ -58,9 +53,24 @@ class StrictModel(BaseModel):
                     raise ValueError(f"unknown key '{key}'{did_you_mean(str(key), known)}; valid keys: {', '.join(sorted(known))}")
         return data
 
-
-M = TypeVar("M", bound=BaseModel)
-KeyPath = tuple[str | int, ...]  # a key path into config data: list items have int indices
+    @model_validator(mode="before")
+    @classmethod
+    def _keep_section_defaults(cls, data: Any) -> Any:
+        """A section given as a mapping changes only the fields it names: the others keep the
+        defaults this config sets for the section (e.g. DPO's `train.lr` 5e-7, GRPO's run name),
+        not those of the section's class. Without this, `train: {batch_size: 8}` would silently
+        bring back the class defaults of every other `train` field."""
+        if not isinstance(data, dict):
+            return data
+        merged = dict(data)
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if not isinstance(value, dict) or field is None or field.default_factory is None:
+                continue
+            default = field.default_factory()
+            if isinstance(default, BaseModel) and default.model_fields_set:
+                merged[name] = {**default.model_dump(include=default.model_fields_set), **value}
+        return merged
 
 
 PACKAGED_PREFIX = "packaged:"
@@ -128,7 +138,8 @@ def find_config_file(path: str | Path) -> Path:
     if text.startswith(PACKAGED_PREFIX):
         name = text[len(PACKAGED_PREFIX):]
         if not packaged_config(name).is_file():
-            raise ConfigError(f"no packaged config '{name}'{did_you_mean(name, _packaged_names())}; packaged configs: {', '.join(_packaged_names())} (olingo configs)")
+            raise ConfigError(f"no packaged config '{name}'{did_you_mean(name, _packaged_names())}; "
+                              f"packaged configs: {', '.join(_packaged_names())} (olingo configs)")
         return packaged_config(name)
     local = Path(expand_home(text))
     if local.is_file():
@@ -136,7 +147,8 @@ def find_config_file(path: str | Path) -> Path:
     if local.name == text and packaged_config(text).is_file():
         return packaged_config(text)
     hint = did_you_mean(local.name, _packaged_names())
-    raise ConfigError(f"config file not found: {text}{hint.replace('did you mean', 'did you mean the packaged')}; packaged configs are named by file name alone or packaged:<name> (olingo configs lists them)")
+    raise ConfigError(f"config file not found: {text}{hint.replace('did you mean', 'did you mean the packaged')}; "
+                      "packaged configs are named by file name alone or packaged:<name> (olingo configs lists them)")
 
 
 def _packaged_names() -> list[str]:
@@ -209,7 +221,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         if _unclosed(raw):
             raise _shell_split_error([text]) from None
         problem = " ".join(str(getattr(err, "problem", None) or err).split())
-        raise ConfigError(f"override '{text}': the value is not valid YAML ({problem}); quote the whole override if its value holds spaces: {shlex.quote(text)}") from None
+        raise ConfigError(f"override '{text}': the value is not valid YAML ({problem}); "
+                          f"quote the whole override if its value holds spaces: {shlex.quote(text)}") from None
     if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
         try:
             value = float(value)
@@ -231,198 +244,7 @@ def apply_override(data: dict[str, Any], keys: list[str], value: Any) -> None:
     node[keys[-1]] = value
 
 
-@dataclass(frozen=True)
-class Origins:
-    """Where the keys of a config came from, to name it in error messages: the config file
-    (`file`, its data `file_data`) or a command-line override (its text, by key path)."""
-
-    file: str | None
-    file_data: Mapping[str, Any]
-    overrides: tuple[tuple[tuple[str, ...], str], ...] = ()
-
-    def _override_for(self, path: KeyPath, covering_only: bool) -> str | None:
-        """The text of the last override that set `path` (or a section holding it); with
-        `covering_only=False` also one that set a key below `path`."""
-        keys = tuple(str(k) for k in path)
-        for override_keys, text in reversed(self.overrides):
-            n = len(override_keys)
-            if keys[:n] == override_keys or (not covering_only and override_keys[: len(keys)] == keys):
-                return text
-        return None
-
-    def _file_value(self, path: KeyPath) -> Any:
-        node: Any = self.file_data
-        for key in path:
-            if isinstance(node, dict) and key in node:
-                node = node[key]
-            elif isinstance(node, list) and isinstance(key, int) and key < len(node):
-                node = node[key]
-            else:
-                return None
-        return node
-
-    def of_key(self, path: KeyPath) -> str:
-        """' from the command line 'x=1'' or ' in the config file f.yaml' for the key at `path`."""
-        text = self._override_for(path, covering_only=False)
-        if text is not None:
-            return f" from the command line '{text}'"
-        return f" in the config file {self.file}" if self.file else ""
-
-    def of_value(self, path: KeyPath) -> str:
-        """Where the value at `path` came from; '' for a default or a whole section."""
-        text = self._override_for(path, covering_only=True)
-        if text is not None:
-            return f" from the command line '{text}'"
-        value = self._file_value(path)
-        return f" in the config file {self.file}" if self.file and value is not None and not isinstance(value, dict) else ""
-
-
-# ---- the model tree -----------------------------------------------------------------------------
-def _unwrap_optional(annotation: Any) -> Any:
-    """`X | None` -> X; anything else unchanged."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
-
-
-def _section(annotation: Any) -> type[BaseModel] | None:
-    """The config section a field holds (`X` or `X | None` with X a model), else None."""
-    annotation = _unwrap_optional(annotation)
-    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-
-
-def _item_section(annotation: Any) -> type[BaseModel] | None:
-    """The model of each item of a `list[X]` field (callbacks, benchmarks), else None."""
-    annotation = _unwrap_optional(annotation)
-    if typing.get_origin(annotation) is list:
-        (item,) = typing.get_args(annotation) or (None,)
-        return _section(item)
-    return None
-
-
-@functools.cache
-def key_tree(model: type[BaseModel]) -> KeyTree:
-    """The sections and keys of `model`, for did-you-mean."""
-    return {name: (key_tree(sub) if (sub := _section(f.annotation)) else None) for name, f in model.model_fields.items()}
-
-
-@dataclass(frozen=True)
-class UnknownKey:
-    """A key of the data that `model` does not have: `rest` (one key, or the leaves below an
-    unknown section) found in section `at`."""
-
-    at: KeyPath
-    rest: tuple[str, ...]
-
-
-def _leaves(value: Any, prefix: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
-    if isinstance(value, dict) and value:
-        for key, sub in value.items():
-            yield from _leaves(sub, (*prefix, str(key)))
-    else:
-        yield prefix
-
-
-def _unknown_in(section: type[BaseModel], key: str, value: Any, at: KeyPath) -> list[UnknownKey]:
-    """One unknown key; an unknown section that is no sibling's typo, or holds one value, is
-    split into its leaves, so each gets its own hint (PPO's `train: {lr, kl_coef}` ->
-    `actor_optim.lr`, `experience.kl_coef`; `trian.lr` -> `train.lr`)."""
-    leaves = list(_leaves(value, (key,)))
-    if len(leaves) > 1 and sibling_hint((key,), key_tree(section)) is not None:
-        return [UnknownKey(at, (key,))]
-    return [UnknownKey(at, rest) for rest in leaves]
-
-
-def pop_unknown_keys(model: type[BaseModel], data: dict[str, Any], at: KeyPath = ()) -> list[UnknownKey]:
-    """Every key of `data` that `model` lacks, removed from `data` (so that validating the
-    rest reports every other problem too), sections and list items included."""
-    found: list[UnknownKey] = []
-    for key in list(data):
-        field = model.model_fields.get(key)
-        if field is None:
-            found += _unknown_in(model, str(key), data.pop(key), at)
-            continue
-        value, section, item = data[key], _section(field.annotation), _item_section(field.annotation)
-        if section is not None and isinstance(value, dict):
-            found += pop_unknown_keys(section, value, (*at, key))
-        elif item is not None and isinstance(value, list):
-            for i, entry in enumerate(value):
-                if isinstance(entry, dict):
-                    found += pop_unknown_keys(item, entry, (*at, key, i))
-    return found
-
-
-def _section_at(model: type[BaseModel], at: KeyPath) -> type[BaseModel]:
-    """The model of the section at `at`, a path `pop_unknown_keys` went down (list indices skipped)."""
-    for key in at:
-        if not isinstance(key, int):
-            annotation = model.model_fields[key].annotation
-            model = _section(annotation) or _item_section(annotation) or model
-    return model
-
-
-def describe_unknown(model: type[BaseModel], unknown: UnknownKey, origins: Origins | None) -> tuple[KeyPath, str]:
-    """(section, message) for an unknown key: its best guess (see `unknown_key_hint`) and
-    where it came from. A key that belongs in another section is reported from the top, with
-    both paths written in full: `(top level): unknown key 'ppo.lr' (did you mean 'actor_optim.lr'
-    or 'critic_optim.lr'?)`."""
-    section = _section_at(model, unknown.at)
-    in_list = any(isinstance(k, int) for k in unknown.at)
-    # In a list item (callbacks.0) the item's own keys are all there is to suggest.
-    root, at_names = (key_tree(section), ()) if in_list else (key_tree(model), tuple(str(k) for k in unknown.at))
-    hint = unknown_key_hint(at_names, unknown.rest, root)
-    origin = origins.of_key((*unknown.at, *unknown.rest)) if origins else ""
-    at, rest = unknown.at, unknown.rest
-    if hint is not None and hint.from_root and not in_list:
-        at, rest = (), (*at_names, *rest)
-    if hint is None:
-        return at, f"unknown key '{'.'.join(rest)}'{origin}; valid keys: {', '.join(sorted(section.model_fields))}"
-    return at, f"unknown key '{'.'.join(rest)}' (did you mean {quote_paths(hint.paths)}?){origin}"
-
-
-# ---- validation ---------------------------------------------------------------------------------
-def _shown(value: Any) -> str:
-    """A short repr of a bad input, for ' (got ...)'."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def value_problems(err: pydantic.ValidationError, origins: Origins | None) -> list[tuple[KeyPath, str]]:
-    """(path, message) per pydantic error, with the value given and where it came from."""
-    problems = []
-    for problem in err.errors():
-        path = tuple(problem["loc"])
-        message = problem["msg"].removeprefix("Value error, ")
-        given = problem.get("input")
-        if problem["type"] != "missing" and not isinstance(given, dict):
-            message += f" (got {_shown(given)})"
-        problems.append((path, message + (origins.of_value(path) if origins else "")))
-    return problems
-
-
-def format_problems(problems: list[tuple[KeyPath, str]], prefix: str = "") -> str:
-    """One indented line per problem: `  section.key: message`."""
-    lines = []
-    for path, message in problems:
-        where = ".".join([prefix, *(str(p) for p in path)] if prefix else [str(p) for p in path])
-        lines.append(f"  {where or '(top level)'}: {message}")
-    return "\n".join(lines)
-
-
-def config_problems(model: type[M], data: dict[str, Any], origins: Origins | None = None) -> tuple[M | None, list[tuple[KeyPath, str]]]:
-    """Validate `data` (left unchanged): (the config, or None, and every problem): unknown keys
-    with their hints first, then bad values, all at once."""
-    data = copy.deepcopy(data)
-    problems = [describe_unknown(model, unknown, origins) for unknown in pop_unknown_keys(model, data)]
-    try:
-        config = model.model_validate(data)
-    except pydantic.ValidationError as err:
-        return None, problems + value_problems(err, origins)
-    return (None if problems else config), problems
-
-
+# ---- loading ------------------------------------------------------------------------------------
 def _read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(find_config_file(path).read_text())
@@ -456,100 +278,3 @@ def load_config(model: type[M], path: str | Path | None = None, overrides: list[
 def dump_config(config: BaseModel) -> str:
     """The fully resolved config as YAML, written into the run directory."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-
-
-# ---- --help -------------------------------------------------------------------------------------
-def _type_name(annotation: Any) -> str:
-    origin = typing.get_origin(annotation)
-    if annotation is type(None):
-        return "null"
-    if origin is typing.Annotated:
-        return _type_name(typing.get_args(annotation)[0])
-    if origin is typing.Literal:
-        return "|".join(str(a) for a in typing.get_args(annotation))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(annotation))
-    if origin is not None:
-        args = ", ".join(_type_name(a) for a in typing.get_args(annotation))
-        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
-    return getattr(annotation, "__name__", str(annotation))
-
-
-RANGE_SYMBOLS = ((annotated_types.Gt, "gt", ">"), (annotated_types.Ge, "ge", ">="), (annotated_types.Lt, "lt", "<"), (annotated_types.Le, "le", "<="))
-
-
-def range_text(field: FieldInfo) -> str:
-    """The field's bounds as help text: ' (> 0)', ' (>= 0, < 1)', or ''."""
-    bounds = [f"{symbol} {getattr(m, attr)}" for m in field.metadata for kind, attr, symbol in RANGE_SYMBOLS if isinstance(m, kind)]
-    return f" ({', '.join(bounds)})" if bounds else ""
-
-
-@dataclass
-class HelpRow:
-    """One field of `--help`: dotted key, type, default, doc, and notes printed below it."""
-
-    key: str
-    type: str
-    default: str
-    doc: str
-    notes: list[str]
-
-
-def yaml_text(value: Any) -> str:
-    """`value` as it would be written in YAML or an override: null, false, [0.9, 0.95]."""
-    return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
-
-
-def _default_text(field: FieldInfo, name: str, values: Mapping[str, Any] | None) -> str:
-    """The value a run gets: from `values` (a resolved config), else the class default."""
-    if values is not None and name in values:
-        return yaml_text(values[name])
-    if field.is_required():
-        return "(required)"
-    return yaml_text(pydantic_core.to_jsonable_python(field.get_default(call_default_factory=True)))
-
-
-def _help_sections(model: type[BaseModel], values: Mapping[str, Any] | None, notes: Mapping[str, str], prefix: str, doc: str) -> Iterator[tuple[str, str, list[HelpRow]]]:
-    """(heading, doc, rows) for `model`'s own values, then each of its sections, depth first."""
-    rows, sections = [], []
-    for name, field in model.model_fields.items():
-        dotted = f"{prefix}{name}"
-        section = _section(field.annotation)
-        if section is not None:
-            sub_values = values.get(name) if values is not None else None
-            sub_doc = field.description or section.__doc__ or ""
-            sections.append((section, sub_values if isinstance(sub_values, Mapping) else None, dotted, sub_doc))
-            continue
-        shown, own = _default_text(field, name, values), _default_text(field, name, None)
-        # The values shown come from a packaged file; a key the user's --config leaves out takes
-        # the field's own default, so say it where the two differ.
-        elsewhere = f" [without it in --config: {own}]" if shown != own else ""
-        rows.append(HelpRow(dotted, _type_name(field.annotation), shown,
-                            (field.description or "") + range_text(field) + elsewhere, [notes[dotted]] if dotted in notes else []))
-    if rows:
-        yield prefix.rstrip(".") or "top level", doc, rows
-    for section, sub_values, dotted, sub_doc in sections:
-        yield from _help_sections(section, sub_values, notes, f"{dotted}.", sub_doc)
-
-
-def config_help(model: type[BaseModel], values: BaseModel | None = None, notes: Mapping[str, str] | None = None) -> str:
-    """Every field under its section's heading: `section.key  type  = default  doc (range)`.
-
-    `values`: a resolved config whose values are shown as the defaults (e.g. the packaged
-    file a bare command uses), instead of the class defaults. `notes`: extra lines by dotted
-    key (e.g. the registered callback kinds under `callbacks`).
-    """
-    plain = values.model_dump(mode="json") if values is not None else None
-    sections = list(_help_sections(model, plain, notes or {}, "", ""))
-    rows = [row for _, _, section_rows in sections for row in section_rows]
-    key_w = min(max(len(r.key) for r in rows), 36)
-    type_w = min(max(len(r.type) for r in rows), 20)
-    default_w = min(max(len(r.default) for r in rows), 18)
-    lines: list[str] = []
-    for heading, doc, section_rows in sections:
-        first_line = doc.strip().splitlines()[0] if doc.strip() else ""
-        lines.append(f"\n{heading}:  {first_line}".rstrip())
-        for r in section_rows:
-            lines.append(f"  {r.key:<{key_w}} {r.type:<{type_w}} = {r.default:<{default_w}} {r.doc}".rstrip())
-            lines += [textwrap.fill(note, width=100, initial_indent=" " * 6, subsequent_indent=" " * 8) for note in r.notes]
-    return "\n".join(lines)

@@ -276,7 +276,8 @@ def test_every_example_is_valid_as_the_shell_splits_it(example, at_home, assets,
 TINY = {  # run lengths appended to an example; data keys only where the example sets none
     "sft": ["train.epochs=1", "train.batch_size=4", "train.eval_batch_size=8", "train.accumulation_steps=1"],
     "ppo": ["loop.episodes=1", "loop.collect_steps=1", "loop.update_steps=1", "loop.rollout_batch_size=4", "loop.train_batch_size=4", "loop.eval_batch_size=4"],
-    "grpo": ["loop.episodes=1", "loop.collect_steps=1", "loop.update_steps=1", "loop.rollout_batch_size=2", "experience.num_generations=2", "loop.train_batch_size=4", "loop.eval_batch_size=4"],
+    "grpo": ["loop.episodes=1", "loop.collect_steps=1", "loop.update_steps=1", "loop.rollout_batch_size=2", "experience.num_generations=2",
+             "loop.train_batch_size=4", "loop.eval_batch_size=4"],
 }
 TINY |= {stage: TINY["sft"] for stage in ("rm", "dpo", "orpo", "kto")}
 TINY_DATA = {"sft": ("data.train", "data.eval"), "ppo": ("data.prompts", "data.eval_prompts"), "grpo": ("data.prompts", "data.eval_prompts")}

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from olingo.cli.main import HELP_EXAMPLES, STAGE_SUMMARIES, config_class, main
-from olingo.config import load_config, packaged_config, yaml_text
+from olingo.config import load_config, packaged_config
+from olingo.config_help import yaml_text
 from olingo.experiment.config import plan_runs
 from olingo.trainer.callbacks import registered_callbacks
 

@@ -3,7 +3,8 @@
 import pytest
 
 from olingo.cli.main import main, packaged_config
-from olingo.config import ConfigError, config_help, load_config, parse_override
+from olingo.config import ConfigError, load_config, parse_override
+from olingo.config_help import config_help
 from olingo.recipes.rm import RMConfig
 
 
@@ -55,3 +56,18 @@ def test_help_lists_every_field_with_default_and_doc(capsys):
 def test_cli_reports_config_errors_without_a_traceback(capsys):
     assert main(["rm", "train.lrr=1"]) == 2
     assert "did you mean 'lr'" in capsys.readouterr().err
+
+
+def test_a_section_given_in_part_keeps_the_stage_defaults_of_its_other_fields():
+    """`train: {batch_size: 8}` changes batch_size only: DPO's learning rate (5e-7, set by the
+    stage, not the section class's 5e-6) and GRPO's run name stay, in Python, YAML and overrides."""
+    from olingo.config import load_config
+    from olingo.recipes.dpo import DPOConfig
+    from olingo.recipes.grpo_config import GRPOConfig
+
+    assert DPOConfig().train.lr == 5e-7
+    assert DPOConfig(train={"batch_size": 8}).train.lr == 5e-7
+    assert load_config(DPOConfig, None, ["train.batch_size=8"]).train.lr == 5e-7
+    assert GRPOConfig(run={"seed": 3}).run.name == "grpo"
+    assert load_config(GRPOConfig, None, ["reward.model=x"]).reward.functions == {"arithmetic_exact": 1.0}  # one term added
+    assert GRPOConfig(reward={"functions": {"math_answer": 1.0}}).reward.functions == {"math_answer": 1.0}  # a field named is replaced

@@ -13,8 +13,9 @@ import typing
 
 import pytest
 
-from olingo.config import ConfigError, load_config, packaged_config, range_text
+from olingo.config import ConfigError, load_config, packaged_config
 from olingo.config_errors import similarity, unknown_key_hint
+from olingo.config_help import range_text
 from olingo.experiment.config import ExperimentConfig
 from olingo.recipes.ppo import PPOConfig
 from olingo.recipes.rm import RMConfig
@@ -85,7 +86,8 @@ def test_adam_betas_are_each_checked():
 
 def test_boundary_values_are_accepted():
     load_config(SFTConfig, None, ["train.warmup_ratio=0", "train.min_lr_ratio=1", "train.weight_decay=0", "model.lora.dropout=0", "run.seed=0"])
-    load_config(PPOConfig, None, ["generation.top_p=1", "experience.kl_coef=0", "experience.gamma=1", "experience.lam=0", "loss.ptx_coef=0", "generation.max_new_tokens=1"])
+    load_config(PPOConfig, None, ["generation.top_p=1", "experience.kl_coef=0", "experience.gamma=1", "experience.lam=0", "loss.ptx_coef=0",
+                                  "generation.max_new_tokens=1"])
 
 
 def test_a_bad_value_in_the_file_names_the_file(tmp_path):

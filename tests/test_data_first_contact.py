@@ -85,7 +85,10 @@ def test_an_overlong_prompt_is_an_error_naming_file_row_length_and_key(tok, tmp_
     source = write_jsonl(tmp_path / "prompts.jsonl", [SHORT, LONG])
     with pytest.raises(DataError) as err:
         build_prompt_dataset(source, tok, 20, length_key="data.max_prompt_length")
-    assert str(err.value).startswith(f"{source}, row 2, field 'prompt': the prompt (chat template and generation prompt included) is 50 tokens, more than data.max_prompt_length=20: raise data.max_prompt_length")
+    assert str(err.value).startswith(
+        f"{source}, row 2, field 'prompt': the prompt (chat template and generation prompt included) is 50 tokens, "
+        "more than data.max_prompt_length=20: raise data.max_prompt_length"
+    )
     assert "data.overlong=truncate" in str(err.value)
 
 
@@ -141,13 +144,14 @@ def test_every_stage_has_the_option_and_defaults_sized_for_chat_prompts():
 def test_grpo_data_stops_on_a_long_eval_prompt_and_names_the_key_the_user_sets(tok, tmp_path):
     from olingo.config import load_config
     from olingo.recipes.grpo_config import GRPOConfig
-    from olingo.recipes.ppo import load_data
+    from olingo.recipes.online import load_prompt_data
 
     train = write_jsonl(tmp_path / "train.jsonl", [SHORT])
     held_out = write_jsonl(tmp_path / "eval.jsonl", [SHORT, LONG])
     overrides = [f"data.prompts=[{train}]", f"data.eval_prompts=[{held_out}]", "data.max_prompt_length=20"]
-    with pytest.raises(DataError, match=rf"{held_out}, row 2, field 'prompt': .* is 50 tokens, more than data.max_prompt_length=20: raise data.max_prompt_length"):
-        load_data(load_config(GRPOConfig, None, overrides), tok, plugin=None)  # the data fails before any loader is made
+    match = rf"{held_out}, row 2, field 'prompt': .* is 50 tokens, more than data.max_prompt_length=20: raise data.max_prompt_length"
+    with pytest.raises(DataError, match=match):
+        load_prompt_data(load_config(GRPOConfig, None, overrides), tok, plugin=None)  # the data fails before any loader is made
 
 
 # ---- splits: `source@split`, and no silent 'train' ---------------------------------------------
@@ -304,7 +308,8 @@ def test_the_cli_stops_on_an_overlong_row_and_on_an_unnamed_split_with_one_line(
     base = ["rm", f"run.output_dir={tmp_path / 'runs'}", "data.eval=[]", "logging.progress=false", "train.epochs=1", "train.batch_size=2"]
     cases = [
         ([f"data.train=[{source}]", "data.max_length=64"],
-         f"olingo: {source}, row 1, field 'chosen': the prompt + chosen (chat template included) is 250 tokens, more than data.max_length=64: raise data.max_length"),
+         f"olingo: {source}, row 1, field 'chosen': the prompt + chosen (chat template included) is 250 tokens, more than data.max_length=64: "
+         "raise data.max_length"),
         ([f"data.train=[{saved}]"], f"olingo: {saved}: has several splits, ['test', 'train']: pick one"),
     ]
     for overrides, message in cases:

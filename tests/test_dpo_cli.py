@@ -54,7 +54,8 @@ def test_dpo_kill_and_resume_equals_an_uninterrupted_run(tmp_path, small_pref_fi
     """Killed at a random step after the reference pass; the resumed run reads the cached
     reference log-probs and ends with the same weights and metrics."""
     def cmd(name: str, *extra: str) -> list[str]:
-        return olingo_cmd(*args("dpo", tmp_path, small_pref_file, name, "train.save_interval=1", "train.lr=1e-3", "dpo.precompute_ref_log_probs=true", "train.epochs=2", *extra))
+        return olingo_cmd(*args("dpo", tmp_path, small_pref_file, name, "train.save_interval=1", "train.lr=1e-3", "dpo.precompute_ref_log_probs=true",
+                                "train.epochs=2", *extra))
 
     env = {**os.environ, "PYTHONPATH": str(os.getcwd())}
     subprocess.run(cmd("straight"), check=True, capture_output=True, timeout=300, env=env)
@@ -113,8 +114,10 @@ def test_sft_then_dpo_chain_starts_from_the_sft_weights(assets, tmp_path):
     train.write_text("\n".join(assets.sft_train.read_text().splitlines()[:16]) + "\n")
     pairs = tmp_path / "pairs16.jsonl"
     pairs.write_text("\n".join(assets.preference_train.read_text().splitlines()[:16]) + "\n")
-    sft = f"{{stage: sft, config: 'packaged:sft_tiny.yaml', logging: {{progress: false}}, data: {{train: ['{train}'], eval: []}}, train: {{epochs: 1, batch_size: 8}}}}"
-    dpo = f"{{name: pref, stage: dpo, config: 'packaged:dpo_tiny.yaml', overrides: {{logging.progress: false, data.train: ['{pairs}'], data.eval: [], train.batch_size: 8, train.epochs: 1}}}}"
+    sft = (f"{{stage: sft, config: 'packaged:sft_tiny.yaml', logging: {{progress: false}}, data: {{train: ['{train}'], eval: []}}, "
+           "train: {epochs: 1, batch_size: 8}}")
+    dpo = (f"{{name: pref, stage: dpo, config: 'packaged:dpo_tiny.yaml', overrides: {{logging.progress: false, data.train: ['{pairs}'], "
+           "data.eval: [], train.batch_size: 8, train.epochs: 1}}")
     weights = WeightsAtStart()
     exp = Experiment(load_config(ExperimentConfig, None, ["name=chain", f"output_dir={tmp_path}", f"run={sft}", f"continual=[{dpo}]"]), callbacks=[weights])
     result = exp.run()
@@ -129,7 +132,8 @@ def test_sft_then_dpo_chain_starts_from_the_sft_weights(assets, tmp_path):
 def test_shortened_dpo_demo_prints_its_table(tmp_path, capsys):
     from olingo.cli.demo import run_dpo_demo
 
-    result = run_dpo_demo(str(tmp_path), sft_overrides=["train.epochs=20", "logging.progress=false"], dpo_overrides=["train.epochs=1", "logging.progress=false"])
+    result = run_dpo_demo(str(tmp_path), sft_overrides=["train.epochs=20", "logging.progress=false"],
+                          dpo_overrides=["train.epochs=1", "logging.progress=false"])
     table = capsys.readouterr().out
     assert "olingo demo --pipeline dpo" in table and "pairs with implicit reward chosen > rejected" in table
     # The SFT model against itself, through the same call: a tolerance, not == 0, in case the

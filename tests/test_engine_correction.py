@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from olingo.engines import GenerationSettings, Rollout
+from olingo.engines import Rollout
 from olingo.experience_maker.engine_logprobs import policy_log_probs
 from olingo.rl.kl import engine_mismatch, truncated_is_weights
 from olingo.rl.policy_loss import GroupPolicyLoss, PolicyLoss
@@ -136,8 +136,7 @@ def test_engine_correction_rules() -> None:
 
 
 def test_generation_settings_are_engine_neutral() -> None:
-    from olingo.recipes.ppo_config import GenerationConfig, generate_kwargs
+    from olingo.recipes.online_config import GenerationSection
 
-    cfg = GenerationConfig(engine="vllm", max_new_tokens=8)
-    settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg, [3]))
+    settings = GenerationSection(engine="vllm", max_new_tokens=8).settings([3])
     assert settings.max_new_tokens == 8 and settings.stop_token_ids == [3]

@@ -24,6 +24,7 @@ from olingo.experience_maker import Experience, PPOExperienceMaker
 from olingo.models import load_causal_lm, load_tokenizer
 from olingo.models.critic import Critic
 from olingo.rewards.rlvr import RLVRRewardModel
+from olingo.trainer.learner import learn_step
 from olingo.trainer.ppo import PPOTrainer
 from olingo.trainer.ppo_learner import PolicyLearner, PPOLearner
 
@@ -74,7 +75,10 @@ def tok(assets):
 
 
 def prompt_batch(tok, prompts=PROMPTS):
-    items = [{"input_ids": tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_dict=False), "gt_answer": "2"} for p in prompts]
+    items = [
+        {"input_ids": tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_dict=False), "gt_answer": "2"}
+        for p in prompts
+    ]
     return PromptCollator(tok.pad_token_id)(items)
 
 
@@ -144,7 +148,8 @@ def test_the_vllm_engine_keeps_the_sequence_layout(tok, assets):
 def test_samples_of_one_prompt_come_together_and_differ(tok, assets):
     torch.manual_seed(0)
     batch = prompt_batch(tok)
-    rollout = HFEngine(load_causal_lm(str(assets.model_dir)), tok).generate(batch["input_ids"], batch["attention_mask"], GenerationSettings(max_new_tokens=6, stop_token_ids=[]), n=4)
+    engine = HFEngine(load_causal_lm(str(assets.model_dir)), tok)
+    rollout = engine.generate(batch["input_ids"], batch["attention_mask"], GenerationSettings(max_new_tokens=6, stop_token_ids=[]), n=4)
     responses = rollout.sequences[:, rollout.num_prompt_tokens:]
     assert len({tuple(r) for r in responses[:4].tolist()}) > 1  # four samples, not four copies
     assert rollout.finish_reasons == ["length"] * 12 and not rollout.truncated.any()  # no stop asked for
@@ -206,8 +211,7 @@ def test_learn_phase_without_a_critic_has_no_critic_anywhere(tok, assets, tmp_pa
     assert experience.values is None and experience.returns is None
     assert "values" not in experience.per_token_fields and "returns" not in experience.per_token_fields
     before = {k: v.clone() for k, v in actor.state_dict().items()}
-    stats = learner.training_step(experience, 1.0)
-    metrics = learner.optimizer_step(stats)
+    metrics = learn_step(learner, [experience], 1.0)
     assert not any("critic" in key or "value" in key for key in metrics), metrics
     assert any(not torch.equal(before[k], v) for k, v in actor.state_dict().items())
     learner.save(tmp_path)

@@ -141,7 +141,7 @@ def test_disk_full_while_checkpointing_keeps_the_last_checkpoint(finished, small
     out, _ = finished
     real_save = torch.save
 
-    def save(obj, path, *args, **kwargs):  # noqa: ANN001, ANN202 - torch.save's signature
+    def save(obj, path, *args, **kwargs):  # torch.save's signature
         if "optimizer" in str(path) and "step_8" in str(path):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         return real_save(obj, path, *args, **kwargs)
@@ -193,7 +193,8 @@ def test_signal_stops_after_a_step_with_a_checkpoint_and_resumes(sig, small_pref
     assert rows[-1]["name"] == f"step_{step}" and step == len(read_jsonl(metrics))
     assert f"stopped by {sig.name} after optimizer step {step}" in line
     assert line.endswith(shlex.join([*olingo_cmd(*args), "run.resume=last"]))  # the run's own command line
-    resumed = subprocess.run(olingo_cmd("rm", "--config", str(tmp_path / "sig" / "config.yaml"), "run.resume=last"), capture_output=True, text=True, timeout=300)
+    resume = olingo_cmd("rm", "--config", str(tmp_path / "sig" / "config.yaml"), "run.resume=last")
+    resumed = subprocess.run(resume, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert [row["step"] for row in read_jsonl(metrics)] == list(range(1, 3 * 16 + 1))
 

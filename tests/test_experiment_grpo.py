@@ -86,7 +86,8 @@ def test_grpo_arms_and_chains_accept_generation_benchmarks(tmp_path, assets):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["run={stage: sft}", "continual=[{name: rl, stage: grp}]"], "continual.rl.stage: expected one of sft, rm, ppo, grpo, dpo, orpo, kto, got 'grp' (did you mean 'grpo'?)"),
+        (["run={stage: sft}", "continual=[{name: rl, stage: grp}]"],
+         "continual.rl.stage: expected one of sft, rm, ppo, grpo, dpo, orpo, kto, got 'grp' (did you mean 'grpo'?)"),
         (["runs={R: {stage: rm}}", "continual=[{name: rl, stage: grpo}]"],
          "runs.R continual.rl.stage: grpo trains a policy and starts from one, but the stage before it (runs.R, rm) trains a reward model"),
         (["run={stage: sft}", "continual=[{name: r, stage: rm}, {name: p, stage: ppo}]"], "run continual.p.stage: ppo trains a policy"),
@@ -94,7 +95,8 @@ def test_grpo_arms_and_chains_accept_generation_benchmarks(tmp_path, assets):
          "run continual.rl.overrides.model.actor: a continual stage starts from the final weights of the stage before it (run); leave model.actor unset"),
         (["run={stage: sft}", "continual=[{name: rl, stage: grpo, overrides: {loop.episodes: 3, train.lr: 1}}]"], "run continual.rl: unknown key 'train.lr'"),
         (["run={stage: sft}", "continual=[{name: rl, stage: grpo, config: nowhere.yaml}]"], "continual.rl.config: file not found"),
-        (["run={stage: sft}", "continual=[{name: rl, stage: grpo, overrides: {ray.enabled: true}}]"], "run continual.rl.ray.enabled: not available inside an experiment"),
+        (["run={stage: sft}", "continual=[{name: rl, stage: grpo, overrides: {ray.enabled: true}}]"],
+         "run continual.rl.ray.enabled: not available inside an experiment"),
         (["run={stage: sft}", "continual=[{name: rl, stage: grpo, overrides: {experience.overlong_buffer: 100}}]"],
          "run continual.rl: experience.overlong_buffer (100) is longer than generation.max_new_tokens"),
         (["run={stage: sft}", "continual=[{name: rl, stag: grpo}]"], "unknown key 'stag' (did you mean 'stage'?)"),

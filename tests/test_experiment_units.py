@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from olingo.cli.report import (
-    Series,
+from olingo.cli.report_experiment import (
     _curves_by_arm,
     band_over_seeds,
     format_experiment_table,
@@ -21,6 +20,7 @@ from olingo.cli.report import (
     with_final_benchmarks,
     write_experiment_report,
 )
+from olingo.cli.report_series import Series
 from olingo.config import ConfigError, load_config
 from olingo.experiment import (
     ArmResult,
@@ -56,7 +56,8 @@ def write_yaml(path: Path, text: str) -> Path:
 
 # ---- matrix, names, plan ------------------------------------------------------------------------
 def test_matrix_expands_the_cartesian_product_in_axis_order():
-    matrix = MatrixSpec(base={"stage": "sft", "train": {"epochs": 1}}, axes={"train.lr": [0.1, 0.2], "train": {"batch_size": [4, 8, 16]}}, name="lr{train.lr}_b{train.batch_size}")
+    matrix = MatrixSpec(base={"stage": "sft", "train": {"epochs": 1}}, axes={"train.lr": [0.1, 0.2], "train": {"batch_size": [4, 8, 16]}},
+                        name="lr{train.lr}_b{train.batch_size}")
     arms = expand_matrix(matrix)
     assert list(arms) == ["lr0.1_b4", "lr0.1_b8", "lr0.1_b16", "lr0.2_b4", "lr0.2_b8", "lr0.2_b16"]
     assert arms["lr0.2_b8"] == {"stage": "sft", "train": {"epochs": 1, "lr": 0.2, "batch_size": 8}}

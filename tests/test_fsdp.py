@@ -85,7 +85,8 @@ def test_fsdp_sft_equals_one_process_and_resumes_in_one_process(tmp_path, sft_ro
     step3 = tmp_path / "fsdp" / "checkpoints" / "step_3"
     assert {p.name for p in step3.iterdir()} >= {"model", "model.dcp", "optimizer.dcp", "rng_rank0.pt", "rng_rank1.pt", "scheduler.pt"}
     assert len(list((step3 / "model.dcp").glob("*.distcp"))) == 2  # one shard file per rank
-    run_sft(load_config(SFTConfig, packaged_config("sft_tiny.yaml"), [*common, "run.name=resumed", "train.batch_size=8", "plugin.name=fsdp", f"run.resume={step3}"]))
+    resumed = [*common, "run.name=resumed", "train.batch_size=8", "plugin.name=fsdp", f"run.resume={step3}"]
+    run_sft(load_config(SFTConfig, packaged_config("sft_tiny.yaml"), resumed))
 
     want = final_weights(tmp_path / "single", "model")
     assert_weights_close(final_weights(tmp_path / "fsdp", "model"), want)
@@ -147,7 +148,8 @@ def test_ppo_under_torchrun_equals_one_process(tmp_path, assets, plugin):
     assert state["experience_maker"]["kl_ctl"]["value"] != 0.1  # the adaptive coefficient moved
 
     step1 = tmp_path / "dist" / "checkpoints" / "step_1"
-    run_ppo(load_config(PPOConfig, packaged_config("ppo_tiny.yaml"), [*ppo_args(tmp_path, assets, "resumed", 8), f"run.resume={step1}", f"plugin.name={plugin}"]))
+    resumed = [*ppo_args(tmp_path, assets, "resumed", 8), f"run.resume={step1}", f"plugin.name={plugin}"]
+    run_ppo(load_config(PPOConfig, packaged_config("ppo_tiny.yaml"), resumed))
     assert_weights_close(final_weights(tmp_path / "resumed", "actor", "critic"), want)
     assert_metrics_close(train_rows(tmp_path / "resumed"), train_rows(tmp_path / "single")[1:], PPO_METRICS)
 
@@ -188,6 +190,7 @@ def test_grpo_under_torchrun_equals_one_process(tmp_path, assets, plugin):
     assert not (tmp_path / "dist" / "checkpoints" / "final" / "critic").exists()
 
     step1 = tmp_path / "dist" / "checkpoints" / "step_1"
-    run_grpo(load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), [*grpo_args(tmp_path, assets, "resumed", 8), f"run.resume={step1}", f"plugin.name={plugin}"]))
+    resumed = [*grpo_args(tmp_path, assets, "resumed", 8), f"run.resume={step1}", f"plugin.name={plugin}"]
+    run_grpo(load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), resumed))
     assert_weights_close(final_weights(tmp_path / "resumed", "actor"), want)
     assert_metrics_close(train_rows(tmp_path / "resumed"), train_rows(tmp_path / "single")[1:], GRPO_METRICS)

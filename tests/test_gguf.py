@@ -50,7 +50,7 @@ def llama_to_gguf_order(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_tiny_gguf(path: Path, architecture: str = "llama", seed: int = 0):  # noqa: ANN201 - LlamaForCausalLM
+def write_tiny_gguf(path: Path, architecture: str = "llama", seed: int = 0):  # returns a LlamaForCausalLM
     """Write a random tiny Llama (float32 tensors, untied head) as a GGUF file; returns the
     transformers model it was written from."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -127,7 +127,7 @@ def conversions(monkeypatch) -> list[Path]:
     seen: list[Path] = []
     real = gguf_module._load
 
-    def counting(path: Path):  # noqa: ANN202 - as _load
+    def counting(path: Path):  # as _load
         seen.append(path)
         return real(path)
 
@@ -147,7 +147,7 @@ def content_of(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock"))
 
 
-def token_ids(tokenizer) -> list[int]:  # noqa: ANN001 - any HF tokenizer
+def token_ids(tokenizer) -> list[int]:  # tokenizer: any HF tokenizer
     return list(tokenizer.apply_chat_template(CONVERSATION, tokenize=True, return_dict=False))
 
 
@@ -199,7 +199,7 @@ def test_a_conversion_that_loses_the_race_uses_the_winners_directory(tiny, tmp_p
     real_save = gguf_module._save
     other: list[Path] = []
 
-    def save_after_another_process(model, tokenizer, source, directory):  # noqa: ANN001, ANN202 - as _save
+    def save_after_another_process(model, tokenizer, source, directory):  # as _save
         if not other:
             monkeypatch.setattr(gguf_module, "_save", real_save)
             other.append(gguf_to_hf(source, cache))  # the other process, start to finish
@@ -214,7 +214,7 @@ def test_a_conversion_that_loses_the_race_uses_the_winners_directory(tiny, tmp_p
 def test_a_disk_full_while_converting_is_one_line_and_leaves_nothing(tiny, tmp_path, monkeypatch):
     import errno
 
-    def full(*args):  # noqa: ANN002, ANN202 - as _save
+    def full(*args):  # as _save
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(gguf_module, "_save", full)
@@ -276,7 +276,9 @@ def test_an_architecture_transformers_cannot_load_names_the_file_and_the_ones_it
         gguf_to_hf(path, tmp_path / "cache")
     message = str(err.value)
     assert "\n" not in message and ".." not in message
-    assert message.startswith(f"could not load the GGUF file '{path}' through transformers: GGUF model with architecture bert-ish-unknown is not supported yet. transformers ")
+    assert message.startswith(
+        f"could not load the GGUF file '{path}' through transformers: GGUF model with architecture bert-ish-unknown is not supported yet. transformers "
+    )
     assert "reads GGUF models of these architectures: llama, mistral, qwen2," in message
     assert message.endswith("; convert other models to a Hugging Face directory first")
     assert content_of(tmp_path / "cache") == []  # nothing but the (empty) lock file
@@ -285,7 +287,8 @@ def test_an_architecture_transformers_cannot_load_names_the_file_and_the_ones_it
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        (b"<!DOCTYPE html><html>404 Not Found</html>", "is not a GGUF file: it does not start with the bytes 'GGUF' (it starts with b'<!DO', 41 bytes in all); download it again or give a GGUF file"),
+        (b"<!DOCTYPE html><html>404 Not Found</html>",
+         "is not a GGUF file: it does not start with the bytes 'GGUF' (it starts with b'<!DO', 41 bytes in all); download it again or give a GGUF file"),
         (b"", "is not a GGUF file: it does not start with the bytes 'GGUF' (the file is empty)"),
     ],
 )
@@ -394,7 +397,7 @@ def test_two_threads_converting_at_once_convert_once(tiny, tmp_path, monkeypatch
 
     counting_load, converting = gguf_module._load, threading.Event()
 
-    def slow_load(path: Path):  # noqa: ANN202 - as _load
+    def slow_load(path: Path):  # as _load
         converting.set()
         time.sleep(1.5)  # past the lock's first one-second wait, so the other thread logs
         return counting_load(path)
@@ -432,7 +435,7 @@ def test_threads_load_one_model_at_a_time_so_tied_weights_stay_tied(tiny, tmp_pa
     inside, most_inside, count = [0], [0], threading.Lock()
 
     @contextlib.contextmanager
-    def slow_window():  # noqa: ANN202 - a context manager like transformers'
+    def slow_window():  # a context manager like transformers'
         with real_window():
             with count:
                 inside[0] += 1

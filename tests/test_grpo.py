@@ -206,9 +206,12 @@ def test_shortened_grpo_run_raises_the_verifier_reward(tmp_path, assets):
     from olingo.recipes.grpo import GRPOConfig, run_grpo
     from olingo.recipes.sft import SFTConfig, run_sft
 
-    sft = run_sft(load_config(SFTConfig, packaged_config("sft_tiny.yaml"), [f"run.output_dir={tmp_path}", "run.name=sft", "train.epochs=60", "logging.progress=false"]))
+    sft = run_sft(load_config(
+        SFTConfig, packaged_config("sft_tiny.yaml"), [f"run.output_dir={tmp_path}", "run.name=sft", "train.epochs=60", "logging.progress=false"]
+    ))
     cfg = load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), [
-        f"run.output_dir={tmp_path}", "run.name=grpo", f"model.actor={sft['final_model']}", "loop.episodes=150", "loop.update_steps=1", "actor_optim.lr=5e-4", "loop.eval_interval=0",
+        f"run.output_dir={tmp_path}", "run.name=grpo", f"model.actor={sft['final_model']}", "loop.episodes=150", "loop.update_steps=1",
+        "actor_optim.lr=5e-4", "loop.eval_interval=0",
         "loop.save_interval=0", "data.eval_prompts=[]", "logging.progress=false",
     ])
     run_grpo(cfg)
@@ -251,7 +254,8 @@ def test_grpo_kill_and_resume_equals_an_uninterrupted_run(tmp_path, assets):
 
 @pytest.mark.slow
 def test_cli_overlong_buffer_beyond_the_limit_is_one_line(tmp_path, assets):
-    out = subprocess.run(olingo_cmd("grpo", f"run.output_dir={tmp_path}", f"model.actor={assets.model_dir}", "experience.overlong_buffer=16", "generation.max_new_tokens=8"),
+    out = subprocess.run(olingo_cmd("grpo", f"run.output_dir={tmp_path}", f"model.actor={assets.model_dir}",
+                                    "experience.overlong_buffer=16", "generation.max_new_tokens=8"),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "experience.overlong_buffer (16) is longer than generation.max_new_tokens (8)" in out.stderr
@@ -311,3 +315,15 @@ def test_grpo_rollouts_end_at_every_eos_the_policy_names(assets, tok, tmp_path, 
     run_grpo(cfg)
     (row,) = read_jsonl(tmp_path / "stops" / "metrics.jsonl")
     assert row["rollout/response_length"] == (1.0 if ends_at_turn_token else 6.0)
+
+
+def test_grpo_keywords_and_sections_are_one_setting_each(assets, tok):
+    """The adapter rule: a ColossalChat keyword left at its default defers to the section passed
+    beside it; one that disagrees with a field the section set raises, never silently wins."""
+    assert build(assets, tok, experience_config=GroupExperienceConfig(kl_coef=0.0)).experience_maker.config.kl_coef == 0.0
+    with pytest.raises(ValueError, match=r"kl_coef=0.3 \(keyword\) disagrees with experience_config.kl_coef=0.0"):
+        build(assets, tok, kl_coef=0.3, experience_config=GroupExperienceConfig(kl_coef=0.0))
+    with pytest.raises(ValueError, match=r"eps_low=0.1 \(keyword\) disagrees with loss_config.eps_low=0.2"):
+        build(assets, tok, eps_clip=0.1, loss_config=GRPOLossConfig(eps_low=0.2))
+    trainer = build(assets, tok, eps_clip=0.1, loss_config=GRPOLossConfig(aggregation="seq_mean_token_mean"))
+    assert (trainer.learner.loss.eps_low, trainer.learner.loss.eps_high, trainer.learner.loss.aggregation) == (0.1, 0.1, "seq_mean_token_mean")

@@ -65,10 +65,10 @@ def test_reinforce_pp_baseline_then_global_whitening():
     mask = torch.ones(4, 1)
     # baseline: group means (2, 2, 0, 0) -> (-1, 1, 0, 0); whitened: mean 0, population var 0.5
     expected = torch.tensor([[-1.0], [1.0], [0.0], [0.0]]) / math.sqrt(0.5 + 1e-8)
-    torch.testing.assert_close(reinforce_pp_advantages(rewards, scores, mask, group_size=2), expected)
+    torch.testing.assert_close(reinforce_pp_advantages(rewards, scores, mask, num_generations=2), expected)
     # without baseline: returns (1, 3, 0, 0), mean 1, var (0 + 4 + 1 + 1) / 4 = 1.5
     plain = torch.tensor([[0.0], [2.0], [-1.0], [-1.0]]) / math.sqrt(1.5 + 1e-8)
-    torch.testing.assert_close(reinforce_pp_advantages(rewards, scores, mask, group_size=None), plain)
+    torch.testing.assert_close(reinforce_pp_advantages(rewards, scores, mask, num_generations=None), plain)
 
 
 def thread_all_reduce(world: int):

@@ -43,7 +43,13 @@ def tok(assets):
 
 def prompt_batch(tok, prompts=PROMPTS, answers=None):
     rows = [{"prompt": p, "gt_answer": a} for p, a in zip(prompts, answers or ["0"] * len(prompts), strict=True)]
-    items = [{"input_ids": tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, return_dict=False), "gt_answer": r["gt_answer"]} for r in rows]
+    items = [
+        {
+            "input_ids": tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, return_dict=False),
+            "gt_answer": r["gt_answer"],
+        }
+        for r in rows
+    ]
     return PromptCollator(tok.pad_token_id)(items)
 
 
@@ -300,15 +306,15 @@ def test_a_raising_training_step_still_ends_episode_and_fit(assets, tok, monkeyp
     trainer = build_trainer(assets, tok, callbacks=[recorder])
     trainer.show_progress = False
     calls = {"n": 0}
-    original = trainer._training_step
+    original = trainer.learner.training_step
 
-    def failing(experience, scale):
+    def failing(experience, share, temperature, ptx_batch=None):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("boom")
-        return original(experience, scale)
+        return original(experience, share, temperature, ptx_batch)
 
-    monkeypatch.setattr(trainer, "_training_step", failing)
+    monkeypatch.setattr(trainer.learner, "training_step", failing)
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit(2, 1, 2, prompt_loader(assets, tok))
     assert recorder.events[-4:] == ["batch_start", "episode_end(0)", "fit_end", "train_end(error)"]
@@ -348,7 +354,8 @@ def test_learn_phase_batch_8_equals_batch_2_times_accumulation_4(assets, tok):
 
 
 def test_checkpoint_restores_each_piece_to_its_owner(assets, tok, tmp_path):
-    trainer = build_trainer(assets, tok, save_dir=str(tmp_path), experience_config=ExperienceConfig(kl_target=0.5, kl_horizon=100), reward_shaping=RewardShaping(normalize=True))
+    trainer = build_trainer(assets, tok, save_dir=str(tmp_path), experience_config=ExperienceConfig(kl_target=0.5, kl_horizon=100),
+                            reward_shaping=RewardShaping(normalize=True))
     trainer.show_progress = False
     trainer.fit(1, 1, 1, prompt_loader(assets, tok))
     saved_actor = copy.deepcopy(trainer.actor.state_dict())
@@ -412,7 +419,8 @@ def test_ppo_cli_with_a_reward_model_writes_loadable_artifacts_and_report(tmp_pa
     rm_dir = tmp_path / "rm"
     RewardModel.from_pretrained(str(assets.model_dir), pad_token_id=0).save_pretrained(rm_dir)
     args = ppo_args(tmp_path, "neural", assets, [f"reward.model={rm_dir}", "reward.functions={}", "loop.episodes=2", "loop.eval_batch_size=32",
-                                               "data.eval_prompts=[builtin:prompts_eval]", "loop.accuracy_function=arithmetic_exact", "callbacks=[{kind: csv_metrics}]"])
+                                               "data.eval_prompts=[builtin:prompts_eval]", "loop.accuracy_function=arithmetic_exact",
+                                               "callbacks=[{kind: csv_metrics}]"])
     out = subprocess.run(olingo_cmd(*args), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = tmp_path / "neural"
@@ -487,3 +495,8 @@ def test_a_kl_coef_keyword_defers_to_the_section_or_disagrees_loudly(assets, tok
     assert trainer(kl_coef=0.2).experience_maker.kl_ctl.value == 0.2
     with pytest.raises(ValueError, match="kl_coef=0.2 .* disagrees with experience_config.kl_coef=0.05"):
         trainer(kl_coef=0.2, experience_config=ExperienceConfig(kl_coef=0.05))
+    # A field the section set is the user's choice even when it equals the field's default.
+    with pytest.raises(ValueError, match="kl_coef=0.2 .* disagrees with experience_config.kl_coef=0.1"):
+        trainer(kl_coef=0.2, experience_config=ExperienceConfig(kl_coef=0.1))
+    # A field the section left unset is filled by the keyword: one value, no disagreement.
+    assert trainer(kl_coef=0.2, experience_config=ExperienceConfig(advantage="gae")).experience_maker.kl_ctl.value == 0.2

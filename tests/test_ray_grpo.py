@@ -42,6 +42,7 @@ from olingo.recipes.ppo_ray import PromptLoaderFn, TokenizerFn  # noqa: E402
 from olingo.rewards.functions import CompositeReward  # noqa: E402
 from olingo.trainer.grpo import GRPOTrainer  # noqa: E402
 from olingo.trainer.grpo_learner import GRPOLossConfig  # noqa: E402
+from olingo.trainer.learner import learn_step  # noqa: E402
 from tests.conftest import olingo_cmd, read_jsonl  # noqa: E402
 from tests.test_ppo import prompt_batch  # noqa: E402
 from tests.test_ray import actors, ray_instance  # noqa: E402, F401 - the module's Ray fixtures
@@ -88,7 +89,7 @@ def test_detached_learn_step_equals_grpo_trainer_learn_step(assets, tok, aggrega
     loss = GRPOLossConfig(aggregation=aggregation, eps_high=0.28)
     model = str(assets.model_dir)
 
-    # single process: the minibatches of one optimizer step, through GRPOTrainer._train_group.
+    # single process: the minibatches of one optimizer step, through the learn step GRPOTrainer runs.
     # Plain SGD without clipping: the update is the gradient itself, so a wrong scale shows.
     actor = load_causal_lm(model)
     booster = Booster(SingleProcessPlugin(None))
@@ -98,7 +99,7 @@ def test_detached_learn_step_equals_grpo_trainer_learn_step(assets, tok, aggrega
                          max_new_tokens=4, temperature=0.7)
     items = split_experience_batch(experience)
     group = [make_experience_batch(items[i : i + micro], tok.pad_token_id) for i in range(0, 16, micro)] if micro else [experience]
-    expected_metrics = single.learner.optimizer_step(single._train_group(group))
+    expected_metrics = learn_step(single.learner, group, single.experience_maker.temperature)
 
     # detached: the actor's own class in this process, one buffer batch = one optimizer step
     local = DetachedGRPOTrainer.__ray_actor_class__(
@@ -122,7 +123,9 @@ def test_group_making_sends_whole_groups_with_advantages_and_no_reference_at_kl_
     model = str(assets.model_dir)
     torch.manual_seed(0)
     making = GroupMaking(GroupExperienceConfig(num_generations=G, kl_coef=0.0), needs_old_log_probs=False)
-    maker = making.build((load_causal_lm(model), CompositeReward([(varied_reward, 1.0)]), load_causal_lm(model)), tok, GenerationSettings(max_new_tokens=4), None)
+    maker = making.build(
+        (load_causal_lm(model), CompositeReward([(varied_reward, 1.0)]), load_causal_lm(model)), tok, GenerationSettings(max_new_tokens=4), None
+    )
     assert maker.reference is None, "kl_coef 0: a reference handed over is dropped, never run"
     batch = prompt_batch(tok, ["1+2=", "3+4=", "10+5="])
     experience = making.make(maker, batch, lambda: pytest.fail("no resampling without dynamic sampling"), policy_version=3)
@@ -170,7 +173,11 @@ def test_ray_config_says_what_ray_mode_cannot_do(caplog):
     check_ray_config(cfg.model_copy(update={"loop": cfg.loop.model_copy(update={"eval_interval": 50})}))  # the packaged config's: said, not refused
     assert "loop.eval_interval=50 is not used" in caplog.text
     # 2 prompts x 4 answers per collect step, steps of 4 x 2 rollouts: one step per episode
-    one = GRPOConfig.model_validate({"loop": {"rollout_batch_size": 2, "train_batch_size": 4, "accumulation_steps": 2}, "experience": {"num_generations": 4}, "ray": {"max_staleness": 0}})
+    one = GRPOConfig.model_validate({
+        "loop": {"rollout_batch_size": 2, "train_batch_size": 4, "accumulation_steps": 2},
+        "experience": {"num_generations": 4},
+        "ray": {"max_staleness": 0},
+    })
     assert episode_batches(one) == 1 and not needs_old_log_probs(one)  # pi_old is the policy learnt on
     assert needs_old_log_probs(one.model_copy(update={"ray": one.ray.model_copy(update={"max_staleness": 1})}))
     assert needs_old_log_probs(one.model_copy(update={"loop": one.loop.model_copy(update={"update_steps": 2})}))

@@ -1,8 +1,9 @@
 """The Python examples of README.md and docs/*.md run as written (with local paths substituted),
 and the README and docs link only to files that exist.
 
-Each example is found by what it calls (`trainer = GRPOTrainer(`, ...), wherever it lives: the
-README's quick start holds GRPO, DPO and the demo, the per-stage pages of docs/ hold the rest. A
+Each example is found by what it calls (`trainer = GRPOTrainer(config`, ...), wherever it lives:
+the README's quick start holds the native GRPO and DPO trainers and the demo, the compatibility
+page the ColossalChat-style GRPO and DPO, the per-stage pages of docs/ the rest. A
 marker must match exactly one block, so an example copied into a second page is caught (one
 copy is tested, the other would drift). The shell examples are run by tests/test_cli_examples.py.
 """
@@ -11,6 +12,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -36,11 +39,17 @@ def example(marker: str) -> tuple[str, str]:
     return found[0]
 
 
+NATIVE_GRPO, NATIVE_DPO = "trainer = GRPOTrainer(config", "trainer = DPOTrainer(config"  # olingo.GRPOTrainer, ...
+COMPAT_GRPO, COMPAT_DPO = "trainer = GRPOTrainer(\n    actor_booster=", "trainer = DPOTrainer(\n    actor="  # olingo.trainer's
+
+
 @pytest.mark.parametrize(
     "marker, page",
     [
-        ("trainer = GRPOTrainer(", "README.md"),
-        ("trainer = DPOTrainer(", "README.md"),
+        (NATIVE_GRPO, "README.md"),
+        (NATIVE_DPO, "README.md"),
+        (COMPAT_GRPO, "docs/coming-from-colossalchat.md"),
+        (COMPAT_DPO, "docs/coming-from-colossalchat.md"),
         ("trainer = SFTTrainer(", "docs/sft.md"),
         ("trainer = RewardModelTrainer(", "docs/reward-models.md"),
         ("trainer = PPOTrainer(", "docs/ppo.md"),
@@ -137,7 +146,7 @@ def test_ppo_example_runs(tmp_path, assets, monkeypatch):
 
 @pytest.mark.slow
 def test_grpo_example_runs(tmp_path, assets, monkeypatch):
-    page, code = example("trainer = GRPOTrainer(")
+    page, code = example(COMPAT_GRPO)
     code = (
         code.replace("path/to/sft", str(assets.model_dir))
         .replace("prompts.jsonl", str(assets.prompts_eval))
@@ -156,7 +165,7 @@ def test_grpo_example_runs(tmp_path, assets, monkeypatch):
 
 @pytest.mark.slow
 def test_dpo_example_runs(tmp_path, assets, small_pref_file, monkeypatch):
-    page, code = example("trainer = DPOTrainer(")
+    page, code = example(COMPAT_DPO)
     code = (
         code.replace("path/to/sft", str(assets.model_dir))
         .replace("pairs.jsonl", str(small_pref_file))
@@ -169,6 +178,33 @@ def test_dpo_example_runs(tmp_path, assets, small_pref_file, monkeypatch):
     assert len(list((tmp_path / "dpo" / "cache").glob("reference_logps-*.pt"))) == 1
     assert namespace["trainer"].state.step == 2  # 64 pairs, batch 8, accumulation 4
     assert namespace["trainer"].reference.released
+
+
+@pytest.mark.slow
+def test_native_grpo_quick_start_runs(tmp_path, assets, monkeypatch):
+    """The README's GRPO quick start on the tiny model, two episodes instead of ten."""
+    page, code = example(NATIVE_GRPO)
+    code = code.replace("path/to/sft", str(assets.model_dir)).replace('"episodes": 10', '"episodes": 2')
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, page, "exec"), namespace)
+    run_dir = tmp_path / "runs" / "grpo-quickstart"
+    assert (run_dir / "checkpoints" / "final" / "actor" / "model.safetensors").exists()
+    # 2 episodes x 8 prompts x 8 responses = 64 rollouts per episode, minibatches of 16: 4 steps each
+    assert namespace["result"]["steps"] == 8 and "eval/reward" in namespace["result"]["eval"]
+    assert len((tmp_path / "runs" / "grpo-quickstart.data" / "train.jsonl").read_text().splitlines()) == 100
+
+
+@pytest.mark.slow
+def test_native_dpo_quick_start_runs(tmp_path, assets, small_pref_file, monkeypatch):
+    page, code = example(NATIVE_DPO)
+    code = code.replace("path/to/sft", str(assets.model_dir)).replace("pairs.jsonl", str(small_pref_file))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, page, "exec"), {})
+    run_dir = tmp_path / "runs" / "dpo-quickstart"
+    assert (run_dir / "checkpoints" / "final" / "model" / "model.safetensors").exists()
+    # 64 pairs, batch 8, accumulation 4: 2 optimizer steps
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["split"] == "train"] == [1, 2]
 
 
 @pytest.mark.slow

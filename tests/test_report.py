@@ -1,4 +1,4 @@
-"""`olingo.cli.report`: PNG curves and summaries from synthetic `metrics.jsonl` files."""
+"""`olingo.cli.report` and its `report_series`, `report_figures` modules: PNG curves and summaries from synthetic `metrics.jsonl` files."""
 
 from __future__ import annotations
 
@@ -14,22 +14,18 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.image import imread
 
-from olingo.cli.report import (
+from olingo.cli.report import write_report
+from olingo.cli.report_figures import kl_figure, loss_figure, namespace_grid, reward_figure, window_for
+from olingo.cli.report_series import (
     Series,
-    _kl_figure,
-    _loss_figure,
-    _namespace_grid,
-    _reward_figure,
-    _smoothing_window,
-    _window_for,
     band_swamps_mean,
     format_summary,
     is_constant,
     load_series,
     moving_average,
     off_reason,
+    smoothing_window,
     summarize,
-    write_report,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -167,7 +163,7 @@ def test_ppo_run_writes_every_figure_in_a_stable_order(tmp_path):
 def test_ppo_reward_figure_has_std_band_eval_points_and_run_name(tmp_path):
     run_dir = ppo_run(tmp_path / "my-ppo-run")
     series = load_series(run_dir)
-    fig = _reward_figure(series, "my-ppo-run", None)
+    fig = reward_figure(series, "my-ppo-run", None)
     (ax,) = fig.axes
     assert "my-ppo-run" in ax.get_title()
     labels = [line.get_label() for line in ax.get_lines()]
@@ -179,7 +175,7 @@ def test_ppo_reward_figure_has_std_band_eval_points_and_run_name(tmp_path):
 
 def test_kl_figure_puts_an_adaptive_coefficient_on_a_labelled_twin_axis(tmp_path):
     series = load_series(ppo_run(tmp_path / "ppo"))
-    fig = _kl_figure(series, "ppo", None)
+    fig = kl_figure(series, "ppo", None)
     kl_ax, coef_ax = fig.axes
     assert {line.get_label() for line in kl_ax.get_lines()} >= {"eval/kl"}
     assert [line.get_label() for line in coef_ax.get_lines()] == ["rollout/kl_coef (adaptive)"]
@@ -197,7 +193,7 @@ def series_of(**columns: list[float]) -> dict[str, Series]:
 
 def test_fixed_kl_coefficient_goes_in_the_title_not_on_a_twin_axis():
     series = series_of(rollout__kl=[0.0, 0.1, 0.2, 0.15], rollout__kl_coef=[0.05] * 4)
-    fig = _kl_figure(series, "ppo", None)
+    fig = kl_figure(series, "ppo", None)
     (ax,) = fig.axes  # no second y axis whose flat line would read like a KL threshold
     assert "kl_coef fixed at 0.05" in ax.get_title()
     assert [line.get_label() for line in ax.get_lines()] == ["rollout/kl"]
@@ -206,7 +202,7 @@ def test_fixed_kl_coefficient_goes_in_the_title_not_on_a_twin_axis():
 def test_kl_figure_is_left_out_when_the_kl_term_is_off():
     # kl_coef 0 skips the reference forward: the logged KL is 0 by construction, not measured
     series = series_of(rollout__kl=[0.0] * 5, rollout__kl_coef=[0.0] * 5)
-    assert _kl_figure(series, "ppo", None) is None
+    assert kl_figure(series, "ppo", None) is None
 
 
 def loss_panels(fig) -> dict[str, object]:
@@ -226,7 +222,7 @@ def test_each_loss_gets_its_own_axes_and_off_terms_are_not_drawn():
         train__aux_coef=[0.0] * steps,
     )
     series["eval/policy_loss"] = Series("eval/policy_loss", "eval/policy_loss", [20, 40, 60], [0.01, 0.0, -0.01])
-    fig = _loss_figure(series, "ppo", None)
+    fig = loss_figure(series, "ppo", None)
     panels = loss_panels(fig)
     assert list(panels) == ["policy_loss", "value_loss"]
     low, high = panels["policy_loss"].get_ylim()
@@ -241,7 +237,7 @@ def test_off_terms_and_constants_in_the_namespace_grid(tmp_path):
         train_row(s, **ns(train__policy_loss=0.1 * s, train__ptx_loss=0.0, train__skip_ratio=0.0))
         for s in range(1, 6)
     ]
-    fig = _namespace_grid(load_series(write_log(tmp_path, rows)), "train", "ppo", None)
+    fig = namespace_grid(load_series(write_log(tmp_path, rows)), "train", "ppo", None)
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == ["train/policy_loss", "train/skip_ratio = 0, constant"]
     assert "not drawn (off): train/ptx_loss = 0 throughout" in fig.get_supxlabel()
@@ -266,7 +262,7 @@ def test_reward_band_that_swamps_the_mean_is_omitted_and_said_so():
     # A 0/1 reward with rare successes: the std (0.12) dwarfs the mean's movement (0..0.05).
     means = [0.0, 0.016, 0.0, 0.031, 0.047, 0.016] * 10
     series = series_of(rollout__reward_mean=means, rollout__reward_std=[0.12] * len(means))
-    fig = _reward_figure(series, "ppo", None)
+    fig = reward_figure(series, "ppo", None)
     (ax,) = fig.axes
     assert not any(isinstance(c, PolyCollection) for c in ax.collections)
     low, high = ax.get_ylim()
@@ -374,21 +370,21 @@ def test_moving_average_is_centred_and_shrinks_at_the_ends():
 
 
 def test_default_smoothing_window():
-    assert _smoothing_window(49, None) == 1
-    assert _smoothing_window(100, None) == 5
-    assert _smoothing_window(1000, None) == 50
-    assert _smoothing_window(10, 4) == 4
-    assert _smoothing_window(3, 10) == 3
-    assert _smoothing_window(100, 0) == 1
+    assert smoothing_window(49, None) == 1
+    assert smoothing_window(100, None) == 5
+    assert smoothing_window(1000, None) == 50
+    assert smoothing_window(10, 4) == 4
+    assert smoothing_window(3, 10) == 3
+    assert smoothing_window(100, 0) == 1
 
 
 def test_schedules_and_constant_curves_are_never_smoothed():
     steps = list(range(100))
     noisy = [float(i % 7) for i in steps]
-    assert _window_for(Series("train/loss", "train/loss", steps, noisy), None) == 5
-    assert _window_for(Series("train/lr", "train/lr", steps, noisy), 10) == 1
-    assert _window_for(Series("rollout/kl_coef", "rollout/kl_coef", steps, noisy), 10) == 1
-    assert _window_for(Series("train/clipfrac", "train/clipfrac", steps, [0.1] * 100), 10) == 1
+    assert window_for(Series("train/loss", "train/loss", steps, noisy), None) == 5
+    assert window_for(Series("train/lr", "train/lr", steps, noisy), 10) == 1
+    assert window_for(Series("rollout/kl_coef", "rollout/kl_coef", steps, noisy), 10) == 1
+    assert window_for(Series("train/clipfrac", "train/clipfrac", steps, [0.1] * 100), 10) == 1
 
 
 # ---------------------------------------------------------------------------------------------

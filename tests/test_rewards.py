@@ -75,7 +75,8 @@ def test_builtins_by_name_and_the_old_api() -> None:
     scores = model.score_texts(PROMPTS, RESPONSES, ANSWERS)
     # exact: 2==2, 5==5, 9!=3; format: "2" yes, "5 " no (trailing space), "9" yes
     assert scores.dtype == torch.float32
-    assert torch.equal(scores, torch.tensor([1.1, 1.0, 0.1], dtype=torch.float32))  # exact: a float64 sum of two terms, rounded once to float32 (no CPU-dependent kernel)
+    # Exact: a float64 sum of two terms, rounded once to float32 (no CPU-dependent kernel).
+    assert torch.equal(scores, torch.tensor([1.1, 1.0, 0.1], dtype=torch.float32))
     assert model.to("cpu") is model and model.eval() is model
     assert model.weights == [1.0, 0.1] and model.reward_fns == [REWARD_FUNCTIONS["arithmetic_exact"], REWARD_FUNCTIONS["arithmetic_format"]]
     assert torch.equal(RLVRRewardModel.from_weights({"arithmetic_exact": 2.0}).score_texts(PROMPTS, RESPONSES, ANSWERS), torch.tensor([2.0, 2.0, 0.0]))
@@ -109,9 +110,12 @@ def test_import_path_and_registration_by_import(user_module: str) -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("no_such_pkg_xyz.rewards:fn", r"^reward function 'no_such_pkg_xyz.rewards:fn': no module named 'no_such_pkg_xyz'; is the directory that holds it on PYTHONPATH\?"),
-        ("broken_rewards_mod:fn", r"^reward function 'broken_rewards_mod:fn': importing 'broken_rewards_mod' failed: ModuleNotFoundError: No module named 'no_such_dependency_xyz'$"),
-        ("user_rewards_mod:contains_answr", r"^reward function 'user_rewards_mod:contains_answr': 'user_rewards_mod' has no attribute 'contains_answr' \(did you mean 'contains_answer'\?\)$"),
+        ("no_such_pkg_xyz.rewards:fn",
+         r"^reward function 'no_such_pkg_xyz.rewards:fn': no module named 'no_such_pkg_xyz'; is the directory that holds it on PYTHONPATH\?"),
+        ("broken_rewards_mod:fn",
+         r"^reward function 'broken_rewards_mod:fn': importing 'broken_rewards_mod' failed: ModuleNotFoundError: No module named 'no_such_dependency_xyz'$"),
+        ("user_rewards_mod:contains_answr",
+         r"^reward function 'user_rewards_mod:contains_answr': 'user_rewards_mod' has no attribute 'contains_answr' \(did you mean 'contains_answer'\?\)$"),
         ("user_rewards_mod:NOT_CALLABLE", r"^reward function 'user_rewards_mod:NOT_CALLABLE' is int, not a function$"),
         ("user_rewards_mod:", r"expected an import path 'package.module:function'"),
     ],
@@ -125,7 +129,9 @@ def test_import_path_errors_name_the_spec(user_module: str, spec: str, message: 
 def test_unknown_names_get_a_did_you_mean() -> None:
     with pytest.raises(RewardError) as info:
         get_reward_function("arithmetic_exat")
-    assert str(info.value).startswith("unknown reward function 'arithmetic_exat' (did you mean 'arithmetic_exact'?); registered: arithmetic_exact, arithmetic_format")
+    assert str(info.value).startswith(
+        "unknown reward function 'arithmetic_exat' (did you mean 'arithmetic_exact'?); registered: arithmetic_exact, arithmetic_format"
+    )
     assert isinstance(info.value, ValueError)  # as before: pydantic validators turn it into a config error
     with pytest.raises(RewardError, match=r"unknown reward function 'my_pkg.rewards.exact' \(did you mean 'my_pkg.rewards:exact'\?\)"):
         RLVRRewardModel(["my_pkg.rewards.exact"])
@@ -187,7 +193,8 @@ def test_row_fields_reach_the_functions_that_ask_for_them(user_module: str) -> N
     assert seen["single"] == [{"tests": ["2"], "difficulty": 1}, {"tests": ["4", "6"], "difficulty": 2}, {"tests": ["9"], "difficulty": 0}]
     assert seen["batched"] == {"tests": [["2"], ["4", "6"], ["9"]], "difficulty": [1, 2, 0], "response": ["r1", "r2", "r3"]}
     assert scores.total.tolist() == [1.5 + 1 + 10, 0.5 + 1 + 20, 1.5 + 0 + 0]
-    with pytest.raises(RewardError, match=r"reward function 'single_named' needs the row field\(s\) tests, which the prompt rows lack \(their extra fields: difficulty\)"):
+    match = r"reward function 'single_named' needs the row field\(s\) tests, which the prompt rows lack \(their extra fields: difficulty\)"
+    with pytest.raises(RewardError, match=match):
         reward.score(PROMPTS, RESPONSES, ANSWERS, {"difficulty": [1, 2, 3]})
 
 
@@ -214,7 +221,8 @@ def test_a_raising_function_names_function_row_and_prompt() -> None:
 
 
 def test_missing_gt_answer_is_an_error_naming_the_row() -> None:
-    with pytest.raises(RewardError, match=r"^reward function 'arithmetic_exact' raised on row 1 \(prompt '2\+3='\): ValueError: arithmetic_exact needs a gt_answer"):
+    match = r"^reward function 'arithmetic_exact' raised on row 1 \(prompt '2\+3='\): ValueError: arithmetic_exact needs a gt_answer"
+    with pytest.raises(RewardError, match=match):
         RLVRRewardModel(["arithmetic_exact"]).score_texts(PROMPTS, RESPONSES, ["2", None, "3"])
 
 

@@ -49,7 +49,8 @@ def test_kill_and_resume_equals_an_uninterrupted_run(tmp_path, small_pref_file):
 
     kill_at = random.Random(os.getpid()).randint(4, 26)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(olingo_cmd(*base_args(tmp_path, small_pref_file, "killed"), "train.save_interval=3"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    command = olingo_cmd(*base_args(tmp_path, small_pref_file, "killed"), "train.save_interval=3")
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     metrics = killed / "metrics.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:

@@ -211,7 +211,8 @@ def test_a_greedy_rollout_stops_at_im_end(smollm2_dir, tmp_path):
     tok = load_tokenizer(smollm2_dir, padding_side="left")
     rows = [{"prompt": f"What is {a} + {b}? Reply with only the number."} for a, b in ((2, 3), (14, 25))]
     batch = PromptCollator(tok.pad_token_id)(build_prompt_dataset(str(write_jsonl(tmp_path / "p.jsonl", rows)), tok, MAX_LENGTH).items)
-    rollout = HFEngine(load_causal_lm(smollm2_dir), tok).generate(batch["input_ids"], batch["attention_mask"], GenerationSettings(max_new_tokens=24, do_sample=False))
+    settings = GenerationSettings(max_new_tokens=24, do_sample=False)
+    rollout = HFEngine(load_causal_lm(smollm2_dir), tok).generate(batch["input_ids"], batch["attention_mask"], settings)
     stopped = [i for i, reason in enumerate(rollout.finish_reasons) if reason == "stop"]
     assert stopped, [tok.decode(r) for r in rollout.sequences[:, rollout.num_prompt_tokens:]]
     for row in stopped:

@@ -81,7 +81,8 @@ def test_the_view_computes_the_base_model_exactly_and_holds_nothing_of_its_own(a
 def test_the_view_works_on_a_peft_model_wrapper_too(assets):
     peft = pytest.importorskip("peft")
     base = load_causal_lm(str(assets.model_dir))
-    wrapped = peft.get_peft_model(load_causal_lm(str(assets.model_dir)), peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    wrapped = peft.get_peft_model(load_causal_lm(str(assets.model_dir)), lora)
     assert has_lora(wrapped)
     assert torch.equal(AdaptersDisabled(wrapped)(input_ids=IDS, attention_mask=MASK).logits, base(input_ids=IDS, attention_mask=MASK).logits)
 
@@ -119,7 +120,7 @@ def test_grpo_with_the_adapters_disabled_reference_trains_exactly_as_with_a_full
 
     real_load, real_optim, loaded, optimizers = grpo.load_models, grpo.optimizer_and_schedule, [], []
 
-    def optimizer(model, *args):  # noqa: ANN001, ANN202
+    def optimizer(model, *args):
         optimizers.append(real_optim(model, *args))
         return optimizers[-1]
 
@@ -166,7 +167,7 @@ def smollm2(olingo_home: Path) -> str:
     return resolve_model_path("builtin:smollm2")
 
 
-def one_step(model: torch.nn.Module, loss_of) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # noqa: ANN001
+def one_step(model: torch.nn.Module, loss_of) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss and gradients of every trainable tensor after one forward and backward."""
     model.zero_grad(set_to_none=True)
     loss = loss_of(model)
@@ -184,11 +185,11 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients_on_smollm2(smo
     response = torch.zeros_like(ids)
     response[:, 12:] = 1
 
-    def dpo_loss(model):  # noqa: ANN001, ANN202 - DPO's path (logits_to_keep, summed response log-probs)
+    def dpo_loss(model):  # DPO's path (logits_to_keep, summed response log-probs)
         sums = response_logps(model, ids, attention, response).sums
         return -torch.nn.functional.logsigmoid(sums[0] - sums[1])
 
-    def grpo_loss(model):  # noqa: ANN001, ANN202 - GRPO's path (policy logits of the last 12 tokens)
+    def grpo_loss(model):  # GRPO's path (policy logits of the last 12 tokens)
         log_probs = log_probs_from_logits(policy_logits(model, ids, attention, 12), ids[:, -12:])
         return -(log_probs * torch.tensor([[1.0], [-0.5]])).mean()
 
@@ -210,11 +211,11 @@ class Checkpointed(Callback):
 
     calls = 0
 
-    def on_train_start(self, state) -> None:  # noqa: ANN001
+    def on_train_start(self, state) -> None:
         layer = state.policy.model.layers[0]
         inner = layer._gradient_checkpointing_func
 
-        def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        def counted(*args, **kwargs):
             self.calls += 1
             return inner(*args, **kwargs)
 

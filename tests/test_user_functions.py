@@ -22,7 +22,7 @@ from olingo.experience_maker.scoring import ScoredRollout
 from olingo.rewards.functions import ProbeRow, probe, reward_function
 from olingo.rewards.registry import RewardError
 from olingo.tasks.arithmetic import is_correct
-from olingo.trainer.ppo_eval import evaluate_policy
+from olingo.trainer.online_eval import evaluate_policy
 from tests.conftest import read_jsonl, user_package
 
 USER_FUNCTIONS = '''
@@ -162,9 +162,12 @@ def rl_args(command: str, out: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize(
     "setting, fragments",
     [
-        ("loop.accuracy_function=user_pkg.fns:rg_score", ["reward function 'user_pkg.fns:rg_score' needs the row field(s) rg_entry", "calling loop.accuracy_function on builtin:prompts_eval, row 1"]),
-        ("loop.accuracy_function=user_pkg.fns:two_args", ["reward function 'user_pkg.fns:two_args' takes (response, gt_answer)", "(set in loop.accuracy_function)"]),
-        ("reward.functions={user_pkg.fns:unmarked_batch: 1.0}", ["reward function 'user_pkg.fns:unmarked_batch' returned list", "calling reward.functions on builtin:prompts_train, row 1"]),
+        ("loop.accuracy_function=user_pkg.fns:rg_score",
+         ["reward function 'user_pkg.fns:rg_score' needs the row field(s) rg_entry", "calling loop.accuracy_function on builtin:prompts_eval, row 1"]),
+        ("loop.accuracy_function=user_pkg.fns:two_args",
+         ["reward function 'user_pkg.fns:two_args' takes (response, gt_answer)", "(set in loop.accuracy_function)"]),
+        ("reward.functions={user_pkg.fns:unmarked_batch: 1.0}",
+         ["reward function 'user_pkg.fns:unmarked_batch' returned list", "calling reward.functions on builtin:prompts_train, row 1"]),
     ],
 )
 def test_a_mismatched_function_stops_the_cli_before_any_model_loads(user_pkg, tmp_path, monkeypatch, capsys, command, setting, fragments):

@@ -31,9 +31,11 @@ def test_sleep_sync_and_greedy_parity_on_cuda(tmp_path):
     tok.padding_side = "left"
     model = build_tiny_llama(tok, hidden_size=64, num_layers=2, num_heads=2, seed=3)
     model_dir = save_pretrained_pair(model, tok, tmp_path / "tiny")
-    ids = tok.pad({"input_ids": [tok.apply_chat_template([{"role": "user", "content": f"{i}+{2 * i}="}], add_generation_prompt=True, return_dict=False) for i in range(16)]}, return_tensors="pt")
+    chats = [tok.apply_chat_template([{"role": "user", "content": f"{i}+{2 * i}="}], add_generation_prompt=True, return_dict=False) for i in range(16)]
+    ids = tok.pad({"input_ids": chats}, return_tensors="pt")
     settings = GenerationSettings(max_new_tokens=16, do_sample=False, stop_token_ids=[])
-    with VLLMEngine(model_dir, tok, VLLMSettings(dtype="float32", kv_cache_memory_gb=None, gpu_memory_utilization=0.2, sleep_while_training=True), device="cuda") as engine:
+    vllm_settings = VLLMSettings(dtype="float32", kv_cache_memory_gb=None, gpu_memory_utilization=0.2, sleep_while_training=True)
+    with VLLMEngine(model_dir, tok, vllm_settings, device="cuda") as engine:
         assert engine.can_sleep
         free_awake = torch.cuda.mem_get_info()[0]
         engine.sleep()

@@ -37,7 +37,7 @@ from olingo.engines import (
     engine_weights,
     sync_engine,
 )
-from olingo.engines.vllm import checkpoint_shapes
+from olingo.engines.vllm_weights import checkpoint_shapes
 from olingo.experience_maker import policy_logits
 from olingo.models import load_causal_lm
 from olingo.rl.logprobs import log_probs_from_logits

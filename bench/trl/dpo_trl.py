@@ -121,6 +121,7 @@ def check_tokens(dataset: Dataset, rows: list[dict]) -> None:
 
 
 def run(spec: dict) -> dict:
+    """Train TRL's DPOTrainer as the spec says: step times, losses and the settings that ran."""
     mode = spec.get("mode", "fp32")
     if mode not in ("fp32", "fp32+precompute"):
         raise ValueError(f"mode must be 'fp32' or 'fp32+precompute', got {mode!r}")
@@ -133,7 +134,44 @@ def run(spec: dict) -> dict:
         torch.set_num_threads(int(spec["threads"]))
     tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"])
     data, rows = load_pairs(spec["data"], tokenizer, total * B, seed)
+    args = dpo_config(spec, B, total, seed, precompute)
 
+    dpo_module.hash_module = timed_hash_module(dpo_module.hash_module)
+    clock = StepClock()
+    trainer = TimedDPOTrainer(
+        model=spec["policy_dir"],  # loaded as users do (AutoModelForCausalLM, model_init_kwargs); the reference is its copy
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[clock],
+    )
+    trainer.step_losses = []
+    check_tokens(trainer.train_dataset, rows)
+    model = trainer.model
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(args.output_dir, ignore_errors=True)  # nothing is saved there
+
+    wall = [b - a for a, b in zip(clock.wall, clock.wall[1:], strict=False)]
+    cpu = [b - a for a, b in zip(clock.cpu, clock.cpu[1:], strict=False)]
+    if len(wall) != total:
+        raise RuntimeError(f"{len(wall)} optimizer steps, expected {total}")
+    losses = [float(x) for x in trainer.step_losses]
+    settings = settings_that_ran(trainer, model, args, mode, total)
+    return {
+        "impl": f"trl-{mode}",
+        "trl_version": trl.__version__, "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+        "step_times_s": wall[warmup:], "cpu_times_s": cpu[warmup:], "warmup_step_times_s": wall[:warmup],
+        "precompute_s": TimedDPOTrainer.precompute_s if precompute else None,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "losses": losses, "final_loss": losses[-1] if losses else math.nan, "settings": settings,
+    }
+
+
+def dpo_config(spec: dict, B: int, total: int, seed: int, precompute: bool) -> DPOConfig:
+    """The `DPOConfig` the spec describes, in fp32 without activation checkpointing
+    (bench/trl/README.md says how each field maps)."""
     kwargs = dict(
         output_dir=tempfile.mkdtemp(prefix="trl-dpo-"),
         per_device_train_batch_size=B,
@@ -170,32 +208,14 @@ def run(spec: dict) -> dict:
     kwargs["activation_checkpointing" if "activation_checkpointing" in DPOConfig.__dataclass_fields__ else "gradient_checkpointing"] = False
     if spec.get("optim"):  # optional override; default is Trainer's (adamw_torch_fused on torch >= 2.8)
         kwargs["optim"] = spec["optim"]
-    args = DPOConfig(**kwargs)
+    return DPOConfig(**kwargs)
 
-    dpo_module.hash_module = timed_hash_module(dpo_module.hash_module)
-    clock = StepClock()
-    trainer = TimedDPOTrainer(
-        model=spec["policy_dir"],  # loaded as users do (AutoModelForCausalLM, model_init_kwargs); the reference is its copy
-        args=args,
-        train_dataset=data,
-        processing_class=tokenizer,
-        callbacks=[clock],
-    )
-    trainer.step_losses = []
-    check_tokens(trainer.train_dataset, rows)
-    model = trainer.model
-    try:
-        trainer.train()
-    finally:
-        shutil.rmtree(args.output_dir, ignore_errors=True)  # nothing is saved there
 
-    wall = [b - a for a, b in zip(clock.wall, clock.wall[1:], strict=False)]
-    cpu = [b - a for a, b in zip(clock.cpu, clock.cpu[1:], strict=False)]
-    if len(wall) != total:
-        raise RuntimeError(f"{len(wall)} optimizer steps, expected {total}")
-    losses = [float(x) for x in trainer.step_losses]
+def settings_that_ran(trainer: DPOTrainer, model: torch.nn.Module, args: DPOConfig, mode: str, total: int) -> dict:
+    """What really ran: precision, reference handling, loss, optimizer, schedule and data settings,
+    read back from the trainer, its optimizer and the model (TRL's defaults included)."""
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-    settings = {
+    return {
         "mode": mode, "bf16": bool(args.bf16), "fp16": bool(args.fp16),
         "autocast": str(getattr(trainer.accelerator, "mixed_precision", None)),
         "param_dtype": str(next(model.parameters()).dtype),
@@ -215,14 +235,6 @@ def run(spec: dict) -> dict:
         "lr_scheduler_kwargs": args.lr_scheduler_kwargs, "warmup_steps_effective": args.get_warmup_steps(total),
         "train_sampling_strategy": args.train_sampling_strategy, "logging_steps": args.logging_steps,
         "torch_threads": torch.get_num_threads(),
-    }
-    return {
-        "impl": f"trl-{mode}",
-        "trl_version": trl.__version__, "transformers_version": transformers.__version__, "torch_version": torch.__version__,
-        "step_times_s": wall[warmup:], "cpu_times_s": cpu[warmup:], "warmup_step_times_s": wall[:warmup],
-        "precompute_s": TimedDPOTrainer.precompute_s if precompute else None,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "losses": losses, "final_loss": losses[-1] if losses else math.nan, "settings": settings,
     }
 
 

@@ -92,6 +92,7 @@ def load_prompts(path: str, tokenizer, count: int) -> Dataset:
 
 
 def run(spec: dict) -> dict:
+    """Train TRL's GRPOTrainer as the spec says: step and phase times, rewards and the settings that ran."""
     mode = spec.get("mode", "fp32")
     if mode not in ("defaults", "fp32"):
         raise ValueError(f"mode must be 'defaults' or 'fp32', got {mode!r}")
@@ -109,6 +110,34 @@ def run(spec: dict) -> dict:
     clock = PhaseClock(scoring=True).install({"actor": policy}) if spec.get("phases", True) else None
     reward_fn = clock.wrap(arithmetic_exact, "reward_fn") if clock is not None else arithmetic_exact
 
+    args = grpo_config(spec, mode, B, G, L, total, seed)
+    timer = StepClock(clock)
+    trainer = GRPOTrainer(model=policy, reward_funcs=reward_fn, args=args, train_dataset=prompts, processing_class=tokenizer, callbacks=[timer])
+    rewards = record_mean_rewards(trainer)
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(args.output_dir, ignore_errors=True)  # nothing is saved there
+
+    steps = [b - a for a, b in zip(timer.marks, timer.marks[1:], strict=False)]
+    cpu = [b - a for a, b in zip(timer.cpu, timer.cpu[1:], strict=False)]
+    tokens = [b - a for a, b in zip([0, *timer.seen_tokens], timer.seen_tokens, strict=False)]
+    settings = settings_that_ran(trainer, policy, args, mode, tokens)
+    # prompt + completion tokens per step: B*G*(P+L) means every completion had exactly L tokens
+    expected = B * G * (len(tokenizer(prompts[0]["prompt"])["input_ids"]) + L)
+    if any(t != expected for t in tokens):
+        raise RuntimeError(f"completions were not all {L} tokens long: tokens per step {tokens}, expected {expected}")
+    return {
+        "impl": "trl-fp32" if mode == "fp32" else "trl-defaults",
+        "trl_version": trl.__version__, "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+        "step_times_s": steps[warmup:], "cpu_times_s": cpu[warmup:], "warmup_step_times_s": steps[:warmup], "phase_s": timer.phases[warmup:],
+        "mean_reward": rewards, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "settings": settings,
+    }
+
+
+def grpo_config(spec: dict, mode: str, B: int, G: int, L: int, total: int, seed: int) -> GRPOConfig:
+    """The `GRPOConfig` the spec describes: one generate of B x G completions of exactly L tokens
+    per optimizer step, no KL term (bench/trl/README.md says how each field maps)."""
     kwargs = dict(
         output_dir=tempfile.mkdtemp(prefix="trl-grpo-"),
         per_device_train_batch_size=B * G,  # completions per optimizer step
@@ -147,9 +176,11 @@ def run(spec: dict) -> dict:
         kwargs["optim"] = spec["optim"]
     if mode == "fp32":
         kwargs.update(bf16=False, fp16=False, gradient_checkpointing=False)
-    args = GRPOConfig(**kwargs)
-    timer = StepClock(clock)
-    trainer = GRPOTrainer(model=policy, reward_funcs=reward_fn, args=args, train_dataset=prompts, processing_class=tokenizer, callbacks=[timer])
+    return GRPOConfig(**kwargs)
+
+
+def record_mean_rewards(trainer: GRPOTrainer) -> list[float]:
+    """Each batch's mean reward, appended to the returned list as the trainer computes them."""
     rewards = []
     real_calculate = trainer._calculate_rewards
 
@@ -159,16 +190,14 @@ def run(spec: dict) -> dict:
         return out
 
     trainer._calculate_rewards = calculate_rewards
-    try:
-        trainer.train()
-    finally:
-        shutil.rmtree(args.output_dir, ignore_errors=True)  # nothing is saved there
+    return rewards
 
-    steps = [b - a for a, b in zip(timer.marks, timer.marks[1:], strict=False)]
-    cpu = [b - a for a, b in zip(timer.cpu, timer.cpu[1:], strict=False)]
+
+def settings_that_ran(trainer: GRPOTrainer, policy: torch.nn.Module, args: GRPOConfig, mode: str, tokens: list[int]) -> dict:
+    """What really ran: precision, generation, loss, optimizer and schedule settings, read back
+    from the trainer, its optimizer and the policy (TRL's defaults included)."""
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-    tokens = [b - a for a, b in zip([0, *timer.seen_tokens], timer.seen_tokens, strict=False)]
-    settings = {
+    return {
         "mode": mode, "bf16": bool(args.bf16), "gradient_checkpointing": bool(args.gradient_checkpointing),
         "param_dtype": str(next(policy.parameters()).dtype), "per_device_train_batch_size": args.per_device_train_batch_size,
         "num_generations": args.num_generations, "generation_batch_size": args.generation_batch_size,
@@ -180,16 +209,6 @@ def run(spec: dict) -> dict:
         "logging_steps": args.logging_steps, "shuffle_dataset": args.shuffle_dataset, "tokens_per_step": tokens,
         "torch_threads": torch.get_num_threads(),
     }
-    # prompt + completion tokens per step: B*G*(P+L) means every completion had exactly L tokens
-    expected = B * G * (len(tokenizer(prompts[0]["prompt"])["input_ids"]) + L)
-    if any(t != expected for t in tokens):
-        raise RuntimeError(f"completions were not all {L} tokens long: tokens per step {tokens}, expected {expected}")
-    return {
-        "impl": "trl-fp32" if mode == "fp32" else "trl-defaults",
-        "trl_version": trl.__version__, "transformers_version": transformers.__version__, "torch_version": torch.__version__,
-        "step_times_s": steps[warmup:], "cpu_times_s": cpu[warmup:], "warmup_step_times_s": steps[:warmup], "phase_s": timer.phases[warmup:],
-        "mean_reward": rewards, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "settings": settings,
-    }
 
 
 def main() -> None:
@@ -200,7 +219,8 @@ def main() -> None:
     result = run(json.loads(Path(a.spec).read_text()))
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     steps = result["step_times_s"]
-    print(f"[grpo_trl] {result['impl']}: {len(steps)} steps, median {statistics.median(steps):.3f} s" if steps else "[grpo_trl] no timed steps", file=sys.stderr)
+    summary = f"[grpo_trl] {result['impl']}: {len(steps)} steps, median {statistics.median(steps):.3f} s" if steps else "[grpo_trl] no timed steps"
+    print(summary, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -191,6 +191,7 @@ def load_prompts(path: str) -> Dataset:
 
 
 def run(spec: dict) -> dict:
+    """Train TRL's PPOTrainer as the spec says: update and phase times and the settings that ran."""
     mode = spec.get("mode", "fp32")
     if mode not in ("defaults", "fp32"):
         raise ValueError(f"mode must be 'defaults' or 'fp32', got {mode!r}")
@@ -204,6 +205,47 @@ def run(spec: dict) -> dict:
         torch.set_num_threads(int(spec["threads"]))
 
     tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"])
+    prompts = load_checked_prompts(spec, tokenizer, B, total)
+    torch.manual_seed(seed)
+    policy, ref_policy, value_model, reward_model = load_models(spec)
+    args = ppo_config(spec, mode, B, mb, total, seed)
+
+    trainer = PPOTrainer(
+        args=args,
+        processing_class=tokenizer,
+        model=policy,
+        ref_model=ref_policy,
+        reward_model=reward_model,
+        value_model=value_model,
+        train_dataset=prompts.select(range(min(len(prompts), B * total))),
+        callbacks=[UpdateTimer()],
+    )
+    inner_opt = hook_phases(trainer)
+    train_timed(trainer, tokenizer, args.output_dir)
+
+    n = len(T.boundaries) - 1
+    update_times, cpu_times, phase = times_per_update(n)
+    settings = settings_that_ran(trainer, policy, args, inner_opt, mode, n, warmup)
+    if any(length != args.response_length for length in T.gen_lengths):
+        raise RuntimeError(f"generation did not produce {args.response_length} tokens: {T.gen_lengths}")
+    return {
+        "impl": "trl-ppo" if mode == "fp32" else "trl-ppo-defaults",
+        "trl_version": trl.__version__,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "update_times_s": update_times[warmup:],
+        "cpu_times_s": cpu_times[warmup:],
+        "warmup_update_times_s": update_times[:warmup],
+        "phase_s": {p: v[warmup:] for p, v in phase.items()},
+        "gc_s": phase["gc"][warmup:],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "settings": settings,
+    }
+
+
+def load_checked_prompts(spec: dict, tokenizer, B: int, total: int) -> Dataset:
+    """The spec's prompts, refused when there are fewer than one batch (TRL would loop forever)
+    or the tokenizer has no pad token; a pad id inside a prompt is warned about."""
     if tokenizer.pad_token_id is None:
         raise ValueError("the policy tokenizer needs a pad token (distinct from eos)")
     prompts = load_prompts(spec["prompts"])
@@ -211,8 +253,12 @@ def run(spec: dict) -> dict:
         raise ValueError(f"{spec['prompts']} has {len(prompts)} prompts; batch_size is {B}")
     if any(tokenizer.pad_token_id in r for r in prompts["input_ids"][: B * total]):
         print("[ppo_trl] warning: prompts contain the pad id; TRL masks those positions", file=sys.stderr)
+    return prompts
 
-    torch.manual_seed(seed)
+
+def load_models(spec: dict) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """(policy, reference, value model, reward model) in fp32, loaded as TRL's ppo.py example does;
+    the policy generates exactly `response_length` tokens."""
     f32 = {"dtype": torch.float32}
     policy = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], **f32)
     ref_policy = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], **f32)  # as TRL's ppo.py example
@@ -221,7 +267,12 @@ def run(spec: dict) -> dict:
     # Fixed-length generation: TRL sets policy.generation_config.eos_token_id = stop_token_id (None
     # here) so generate() has no eos stopping criterion; min_new_tokens pins it again from below.
     policy.generation_config.min_new_tokens = int(spec["response_length"])
+    return policy, ref_policy, value_model, reward_model
 
+
+def ppo_config(spec: dict, mode: str, B: int, mb: int, total: int, seed: int) -> PPOConfig:
+    """The `PPOConfig` the spec describes: B rollouts per update in B / mb minibatches, fixed-length
+    responses (bench/trl/README.md says how each field maps)."""
     kwargs = dict(
         output_dir=tempfile.mkdtemp(prefix="trl-ppo-"),
         per_device_train_batch_size=B,  # local_batch_size = B x grad_accum(1) = rollouts per update
@@ -260,18 +311,12 @@ def run(spec: dict) -> dict:
         ckpt = ("activation_checkpointing" if "activation_checkpointing" in PPOConfig.__dataclass_fields__
                 else "gradient_checkpointing")
         kwargs[ckpt] = False
-    args = PPOConfig(**kwargs)
+    return PPOConfig(**kwargs)
 
-    trainer = PPOTrainer(
-        args=args,
-        processing_class=tokenizer,
-        model=policy,
-        ref_model=ref_policy,
-        reward_model=reward_model,
-        value_model=value_model,
-        train_dataset=prompts.select(range(min(len(prompts), B * total))),
-        callbacks=[UpdateTimer()],
-    )
+
+def hook_phases(trainer: PPOTrainer) -> torch.optim.Optimizer:
+    """Time the reference, reward and value forwards and the learning phase of `trainer`; returns
+    the optimizer inside the trainer's wrapper."""
     wrapper = trainer.accelerator.unwrap_model(trainer.model)
     inner_opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     hook_phase(trainer.ref_model, "ref_forward")
@@ -281,6 +326,12 @@ def run(spec: dict) -> dict:
     # PolicyAndValueWrapper calls it too, which is skipped here and counted as learning.
     hook_phase(wrapper.critic_backbone, "value_forward", skip_in_learning=True)
     hook_learning(wrapper, inner_opt)
+    return inner_opt
+
+
+def train_timed(trainer: PPOTrainer, tokenizer, output_dir: str) -> None:
+    """`trainer.train()` with TRL's generation, empty_cache and gc.collect timed (patched for the
+    run only); `output_dir` is removed afterwards (nothing is saved there)."""
     ppo_mod.batch_generation = make_timed_batch_generation(tokenizer.pad_token_id, tokenizer.eos_token_id)
     ppo_mod.empty_cache = timed_empty_cache
     gc.collect = timed_gc
@@ -290,9 +341,11 @@ def run(spec: dict) -> dict:
         gc.collect = _real_gc_collect
         ppo_mod.batch_generation = _real_batch_generation
         ppo_mod.empty_cache = _real_empty_cache
-        shutil.rmtree(args.output_dir, ignore_errors=True)  # nothing is saved there
+        shutil.rmtree(output_dir, ignore_errors=True)  # nothing is saved there
 
-    n = len(T.boundaries) - 1
+
+def times_per_update(n: int) -> tuple[list[float], list[float], dict[str, list[float]]]:
+    """(wall, CPU, per-phase seconds) of each of the `n` updates, from the global `Timing`."""
     update_times = [T.boundaries[k + 1] - T.boundaries[k] for k in range(n)]
     cpu_times = [T.cpu_boundaries[k + 1] - T.cpu_boundaries[k] for k in range(n)]
     phase = {p: [T.acc[p][k] for k in range(n)] for p in PHASES}
@@ -300,9 +353,15 @@ def run(spec: dict) -> dict:
     phase["policy_forward"] = [0.0] * n  # TRL reuses the generation scores for the rollout log-probs
     outside = ("generation", "ref_forward", "value_forward", "reward_forward", "learning", "gc")
     phase["other"] = [update_times[k] - sum(phase[p][k] for p in outside) for k in range(n)]
+    return update_times, cpu_times, phase
 
+
+def settings_that_ran(trainer: PPOTrainer, policy: torch.nn.Module, args: PPOConfig, inner_opt: torch.optim.Optimizer,
+                      mode: str, n: int, warmup: int) -> dict:
+    """What really ran: precision, batch arithmetic, generation, optimizer and schedule settings,
+    read back from the trainer, its optimizer and the policy (TRL's defaults included)."""
     mp = str(trainer.accelerator.mixed_precision)
-    settings = {
+    return {
         "mode": mode,
         "config_bf16": bool(args.bf16),
         "config_gradient_checkpointing": bool(args.gradient_checkpointing),
@@ -340,21 +399,6 @@ def run(spec: dict) -> dict:
         "grad_clipping": "none (PPOTrainer 1.12 never clips; max_grad_norm is unused)",
         "dataloader": "shuffle=True, seeded with args.seed",
         "torch_threads": torch.get_num_threads(),
-    }
-    if any(length != args.response_length for length in T.gen_lengths):
-        raise RuntimeError(f"generation did not produce {args.response_length} tokens: {T.gen_lengths}")
-    return {
-        "impl": "trl-ppo" if mode == "fp32" else "trl-ppo-defaults",
-        "trl_version": trl.__version__,
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "update_times_s": update_times[warmup:],
-        "cpu_times_s": cpu_times[warmup:],
-        "warmup_update_times_s": update_times[:warmup],
-        "phase_s": {p: v[warmup:] for p, v in phase.items()},
-        "gc_s": phase["gc"][warmup:],
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "settings": settings,
     }
 
 

@@ -84,6 +84,7 @@ def load_pairs(path: str) -> Dataset:
 
 
 def run(spec: dict) -> dict:
+    """Train TRL's RewardTrainer as the spec says: step times, losses and the settings that ran."""
     mode = spec.get("mode", "defaults")
     if mode not in ("defaults", "fp32"):
         raise ValueError(f"mode must be 'defaults' or 'fp32', got {mode!r}")
@@ -101,7 +102,43 @@ def run(spec: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
         warnings.warn("pad token missing or equal to eos; TRL falls back to eos for padding", stacklevel=1)
+    args = reward_config(spec, mode, B, total)
 
+    timer = StepTimer()
+    trainer = LossRecordingRewardTrainer(
+        model=spec["model_dir"],  # TRL loads it as users do (AutoModelForSequenceClassification)
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
+    trainer.step_losses = []
+    model = trainer.model
+    trainer.train()
+    shutil.rmtree(args.output_dir, ignore_errors=True)  # nothing is saved there
+
+    losses = [float(x) for x in trainer.step_losses]
+    settings = settings_that_ran(trainer, model, args, mode, total)
+    return {
+        "impl": f"trl-{mode}",
+        "trl_version": trl.__version__,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "step_times_s": timer.steps[warmup:],
+        "warmup_step_times_s": timer.steps[:warmup],
+        # on_step_end -> on_step_end, for timed steps after the first (includes batch fetch + logging)
+        "iter_times_s": timer.periods[max(warmup - 1, 0):] if warmup else timer.periods,
+        "iter_cpu_times_s": timer.cpu_periods[max(warmup - 1, 0):] if warmup else timer.cpu_periods,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "final_loss": losses[-1] if losses else math.nan,
+        "losses": losses,
+        "settings": settings,
+    }
+
+
+def reward_config(spec: dict, mode: str, B: int, total: int) -> RewardConfig:
+    """The `RewardConfig` the spec describes (bench/trl/README.md says how each field maps);
+    `fp32` mode turns mixed precision and activation checkpointing off."""
     kwargs = dict(
         output_dir=tempfile.mkdtemp(prefix="trl-rm-"),
         per_device_train_batch_size=B,
@@ -140,26 +177,17 @@ def run(spec: dict) -> dict:
     if mode == "fp32":
         args_model = {"dtype": "float32"}
         args.model_init_kwargs = args_model
+    return args
 
-    timer = StepTimer()
-    trainer = LossRecordingRewardTrainer(
-        model=spec["model_dir"],  # TRL loads it as users do (AutoModelForSequenceClassification)
-        args=args,
-        train_dataset=data,
-        processing_class=tokenizer,
-        callbacks=[timer],
-    )
-    trainer.step_losses = []
-    model = trainer.model
-    trainer.train()
-    shutil.rmtree(args.output_dir, ignore_errors=True)  # nothing is saved there
 
-    losses = [float(x) for x in trainer.step_losses]
+def settings_that_ran(trainer: RewardTrainer, model: torch.nn.Module, args: RewardConfig, mode: str, total: int) -> dict:
+    """What really ran: precision, checkpointing, optimizer, schedule and data settings, read
+    back from the trainer, its optimizer and the model (TRL's defaults included)."""
     gc_on = bool(getattr(model, "is_activation_checkpointing", None)
                  if hasattr(model, "is_activation_checkpointing")
                  else getattr(model, "is_gradient_checkpointing", False))
     opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-    settings = {
+    return {
         "mode": mode,
         "bf16": bool(args.bf16),
         "fp16": bool(args.fp16),
@@ -188,21 +216,6 @@ def run(spec: dict) -> dict:
         "dataloader_num_workers": args.dataloader_num_workers,
         "torch_threads": torch.get_num_threads(),
         "padding_free": "not an option of RewardTrainer in this version",
-    }
-    return {
-        "impl": f"trl-{mode}",
-        "trl_version": trl.__version__,
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "step_times_s": timer.steps[warmup:],
-        "warmup_step_times_s": timer.steps[:warmup],
-        # on_step_end -> on_step_end, for timed steps after the first (includes batch fetch + logging)
-        "iter_times_s": timer.periods[max(warmup - 1, 0):] if warmup else timer.periods,
-        "iter_cpu_times_s": timer.cpu_periods[max(warmup - 1, 0):] if warmup else timer.cpu_periods,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "final_loss": losses[-1] if losses else math.nan,
-        "losses": losses,
-        "settings": settings,
     }
 
 

@@ -23,19 +23,19 @@ from torch.utils.data import DataLoader
 from olingo.config import load_config
 from olingo.dataset import PreferenceCollator, build_preference_dataset
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
-from olingo.experience_maker import GenerationSettings, PPOExperienceMaker
+from olingo.experience_maker import PPOExperienceMaker
 from olingo.models import RewardModel, load_causal_lm, load_tokenizer, stop_token_ids
 from olingo.recipes.common import packaged_config, resolve_path
 from olingo.recipes.dpo import DPOConfig, run_dpo
 from olingo.recipes.grpo import GRPOConfig, run_grpo
-from olingo.recipes.ppo import PPOConfig, generate_kwargs, run_ppo
+from olingo.recipes.ppo import PPOConfig, run_ppo
 from olingo.recipes.rm import RMConfig, run_rm
 from olingo.recipes.sft import SFTConfig, run_sft
 from olingo.rewards.functions import CompositeReward
 from olingo.tasks.arithmetic import arithmetic_exact
 from olingo.tasks.evaluate import greedy_accuracy
 from olingo.trainer.dpo import halves, pair_inputs
-from olingo.trainer.ppo_eval import evaluate_policy
+from olingo.trainer.online_eval import evaluate_policy
 from olingo.trainer.preference import response_logps
 
 
@@ -124,7 +124,7 @@ def sampled_metrics(sft_model: str, trained: Sequence[str], reward: Any, cfg: PP
     prompts = build_prompt_dataset([resolve_path(s) for s in cfg.data.eval_prompts], tokenizer, cfg.data.max_prompt_length)
     prompts.items = prompts.items * samples_per_prompt
     loader = DataLoader(prompts, batch_size=256, shuffle=False, collate_fn=PromptCollator(tokenizer.pad_token_id))
-    settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation, stop_token_ids(tokenizer, sft_model)))
+    settings = cfg.generation.settings(stop_token_ids(tokenizer, sft_model))
     results = []
     for actor_dir in (sft_model, *trained):
         actor = reference if actor_dir == sft_model else load_causal_lm(actor_dir).eval()

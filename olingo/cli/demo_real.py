@@ -34,11 +34,10 @@ from olingo.models import load_causal_lm, load_tokenizer, stop_token_ids
 from olingo.recipes.common import packaged_config, resolve_model_path
 from olingo.recipes.dpo import DPOConfig, run_dpo
 from olingo.recipes.grpo import GRPOConfig, run_grpo
-from olingo.recipes.ppo import generate_kwargs
 from olingo.rewards.functions import CompositeReward
 from olingo.rewards.verifiers import math_answer
 from olingo.tasks.word_problems import WordProblemTask
-from olingo.trainer.ppo_eval import evaluate_policy
+from olingo.trainer.online_eval import evaluate_policy
 
 FORMAT_REWARD = "olingo.tasks.word_problems:ends_with_number"
 MODELS = ("start", "GRPO", "DPO")
@@ -129,7 +128,7 @@ def evaluate_models(models: Sequence[str], prompts_file: str, cfg: GRPOConfig, s
     start = load_causal_lm(models[0]).to(DistCoordinator().device).eval()  # the GPU when there is one, as the trainers
     loader = _loader(prompts_file, tokenizer, cfg.data.max_prompt_length, samples)
     stops = stop_token_ids(tokenizer, models[0])
-    settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation.model_copy(update={"do_sample": not greedy}), stops))
+    settings = cfg.generation.settings(stops, do_sample=not greedy)
     results = []
     for model_dir in models:
         actor = start if model_dir == models[0] else load_causal_lm(model_dir).to(start.device).eval()
@@ -159,7 +158,7 @@ def own_preference_pairs(model_dir: str, prompts_file: str, cfg: GRPOConfig, sam
     tokenizer = load_tokenizer(model_dir, padding_side="left")
     model = load_causal_lm(model_dir).to(DistCoordinator().device).eval()
     loader = _loader(prompts_file, tokenizer, cfg.data.max_prompt_length, samples)
-    settings = GenerationSettings.from_kwargs(**generate_kwargs(cfg.generation, stop_token_ids(tokenizer, model_dir)))
+    settings = cfg.generation.settings(stop_token_ids(tokenizer, model_dir))
     maker = _format_scoring_maker(model, None, tokenizer, settings)
     _, drawn = evaluate_policy(maker, loader, settings, accuracy_fn=math_answer, seed=cfg.run.seed + 1)
     questions = [json.loads(line)["prompt"] for line in Path(prompts_file).read_text().splitlines()]
@@ -173,7 +172,8 @@ def own_preference_pairs(model_dir: str, prompts_file: str, cfg: GRPOConfig, sam
         for q, answers in sorted(by_question.items()) if answers[True] and answers[False]
     ]
     if not rows:
-        raise OlingoError(f"no DPO pairs: none of the {len(questions)} questions got both a right and a wrong answer in {samples} samples; sample more (RealDemoSizes.pair_samples)")
+        raise OlingoError(f"no DPO pairs: none of the {len(questions)} questions got both a right and a wrong answer in {samples} samples; "
+                          "sample more (RealDemoSizes.pair_samples)")
     out.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return {"path": str(out), "count": len(rows)}
 

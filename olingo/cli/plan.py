@@ -95,7 +95,7 @@ class Precision:
     act: int
 
 
-def model_shape(path: str, *, reward: bool, lora=None, trust_remote_code: bool = False) -> ModelShape:  # noqa: ANN001 - LoraSettings
+def model_shape(path: str, *, reward: bool, lora=None, trust_remote_code: bool = False) -> ModelShape:  # lora: LoraSettings
     """Count a model's parameters on the meta device (no weights are read) from its config.json.
 
     `reward`: the model is a reward model or critic (sequence-classification head, no LM head).
@@ -116,7 +116,7 @@ def model_shape(path: str, *, reward: bool, lora=None, trust_remote_code: bool =
     return _shape_of(model, config, lora)
 
 
-def _shape_of(model: torch.nn.Module, config, lora) -> ModelShape:  # noqa: ANN001
+def _shape_of(model: torch.nn.Module, config, lora) -> ModelShape:
     params = list(model.parameters())
     layers = config.num_hidden_layers
     heads = config.num_attention_heads
@@ -208,7 +208,7 @@ def trained_rows(name: str, shape: ModelShape, prec: Precision, shards: int, off
     ]
 
 
-def precision(model_dtype: str, plugin) -> Precision:  # noqa: ANN001 - PluginConfig
+def precision(model_dtype: str, plugin) -> Precision:  # plugin: PluginConfig
     """Stored and activation bytes: fsdp mixed precision keeps fp32 masters and computes in 16 bits."""
     param = resolve_dtype(model_dtype).itemsize
     mixed = getattr(plugin, "mixed_precision", "fp32")
@@ -217,7 +217,7 @@ def precision(model_dtype: str, plugin) -> Precision:  # noqa: ANN001 - PluginCo
     return Precision(param=param, act=param)
 
 
-def shards_of(plugin, world_size: int) -> int:  # noqa: ANN001
+def shards_of(plugin, world_size: int) -> int:
     """FSDP shards weights, gradients and optimizer state over the ranks; DDP replicates them."""
     return world_size if plugin.name == "fsdp" else 1
 
@@ -231,7 +231,7 @@ class Plan:
     world_size: int
 
 
-def plan_sft(cfg, world_size: int) -> Plan:  # noqa: ANN001 - SFTConfig
+def plan_sft(cfg, world_size: int) -> Plan:  # cfg: SFTConfig
     """One causal LM trained on micro-batches of batch_size x max_length tokens."""
     m = cfg.model
     shape = model_shape(m.path, reward=False, lora=m.lora, trust_remote_code=m.trust_remote_code)
@@ -239,11 +239,12 @@ def plan_sft(cfg, world_size: int) -> Plan:  # noqa: ANN001 - SFTConfig
     tokens = cfg.train.batch_size * cfg.data.max_length
     trained = trained_rows("model", shape, prec, shards, offload)
     acts = activation_bytes(shape, tokens, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
-    rows = [*trained, Row("activations", acts, f"{cfg.train.batch_size} x {cfg.data.max_length} tokens" + (", checkpointed" if m.gradient_checkpointing else ""))]
+    activations = f"{cfg.train.batch_size} x {cfg.data.max_length} tokens" + (", checkpointed" if m.gradient_checkpointing else "")
+    rows = [*trained, Row("activations", acts, activations)]
     return Plan("sft", rows, kept_bytes(trained) + learning_bytes(shape, prec, shards, offload, acts), world_size)
 
 
-def plan_rm(cfg, world_size: int) -> Plan:  # noqa: ANN001 - RMConfig
+def plan_rm(cfg, world_size: int) -> Plan:  # cfg: RMConfig
     """A reward model; chosen and rejected rows go through one forward (2 x batch_size rows)."""
     m = cfg.model
     shape = model_shape(m.path, reward=True, lora=m.lora, trust_remote_code=m.trust_remote_code)
@@ -255,7 +256,7 @@ def plan_rm(cfg, world_size: int) -> Plan:  # noqa: ANN001 - RMConfig
     return Plan("rm", rows, kept_bytes(trained) + learning_bytes(shape, prec, shards, offload, acts), world_size)
 
 
-def plan_ppo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - PPOConfig
+def plan_ppo(cfg, world_size: int) -> Plan:  # cfg: PPOConfig
     """Actor and critic trained in turn, reference and reward model frozen, plus generation's
     KV cache and the scoring forwards of the rollout batch."""
     m, algo = cfg.model, cfg.loop
@@ -280,7 +281,7 @@ def plan_ppo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - PPOConfig
     return Plan("ppo", rows, kept_bytes(trained) + max(frozen_bytes + max(kv, scoring), learning), world_size)
 
 
-def plan_grpo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - GRPOConfig
+def plan_grpo(cfg, world_size: int) -> Plan:  # cfg: GRPOConfig
     """The policy trained, no critic; the reference only with a KL term (none of its own with
     LoRA: the policy with adapters disabled); the KV cache of one generate call
     (rollout_batch_size x G sequences, or inference_batch_size), then the scoring forward of
@@ -310,7 +311,7 @@ def plan_grpo(cfg, world_size: int) -> Plan:  # noqa: ANN001 - GRPOConfig
     return Plan("grpo", rows, kept_bytes(trained) + max(frozen_bytes + max(kv, scoring), learning), world_size)
 
 
-def plan_offline(cfg, world_size: int) -> Plan:  # noqa: ANN001 - DPOConfig, ORPOConfig or KTOConfig
+def plan_offline(cfg, world_size: int) -> Plan:  # cfg: DPOConfig, ORPOConfig or KTOConfig
     """The policy trained on one forward of 2 x batch_size rows (chosen + rejected; KTO: its
     batch_size rows, the mismatched pairs run without gradient). A separate frozen reference
     (DPO and KTO without LoRA) is replicated on every rank; with precomputed log-probs it is
@@ -328,7 +329,8 @@ def plan_offline(cfg, world_size: int) -> Plan:  # noqa: ANN001 - DPOConfig, ORP
     rows = [*trained, Row("activations", acts, f"{rows_per_step} x {cfg.data.max_length} tokens{side}")]
     # A live reference (or the policy with adapters disabled) scores each batch before the policy's forward.
     live = needs_reference and not (separate and settings.precompute_ref_log_probs)
-    scoring = scoring_bytes(policy, rows_per_step, cfg.data.max_length, cfg.data.max_length - 1, prec.act) if live else 0.0  # every position may hold response tokens
+    # Every position may hold response tokens.
+    scoring = scoring_bytes(policy, rows_per_step, cfg.data.max_length, cfg.data.max_length - 1, prec.act) if live else 0.0
     learning = max(learning_bytes(policy, prec, shards, offload, acts), scoring)
     reference = 0
     if separate:
@@ -347,14 +349,17 @@ def kept_bytes(trained: list[Row]) -> float:
     return sum(r.nbytes for r in trained if not r.component.endswith(("gradients", "optimizer step")))
 
 
-def frozen_rows(cfg, park: bool, reference: bool = True) -> list[Row]:  # noqa: ANN001 - PPOConfig or GRPOConfig
+def frozen_rows(cfg, park: bool, reference: bool = True) -> list[Row]:  # cfg: PPOConfig or GRPOConfig
     """Weights of the reference (when there is one) and the reward model: replicated on every
     rank, never sharded."""
     m = cfg.model
     nbytes = resolve_dtype(m.dtype).itemsize
     note = "frozen, replicated" + (", on the CPU while learning" if park else "")
     paths = ([("reference", m.reference or m.actor, False)] if reference else []) + ([("reward model", cfg.reward.model, True)] if cfg.reward.model else [])
-    return [Row(f"{name} weights", model_shape(path, reward=reward, trust_remote_code=m.trust_remote_code).params * nbytes, note) for name, path, reward in paths]
+    return [
+        Row(f"{name} weights", model_shape(path, reward=reward, trust_remote_code=m.trust_remote_code).params * nbytes, note)
+        for name, path, reward in paths
+    ]
 
 
 def parks_on_cpu(offload_inference_models: bool) -> bool:
@@ -363,7 +368,7 @@ def parks_on_cpu(offload_inference_models: bool) -> bool:
     return offload_inference_models and torch.cuda.is_available()
 
 
-def cpu_offload(plugin) -> bool:  # noqa: ANN001 - PluginConfig
+def cpu_offload(plugin) -> bool:  # plugin: PluginConfig
     return plugin.name == "fsdp" and getattr(plugin, "cpu_offload", False)
 
 
@@ -371,7 +376,7 @@ PLANNERS = {"sft": plan_sft, "rm": plan_rm, "ppo": plan_ppo, "grpo": plan_grpo, 
 
 
 # ---- config, device, table ----------------------------------------------------------------------
-def load_stage_config(path: str | None, overrides: Sequence[str], stage: str | None):  # noqa: ANN201 - a stage config
+def load_stage_config(path: str | None, overrides: Sequence[str], stage: str | None):  # returns a stage config
     """(stage, config): `stage` as given; else the one stage whose strict config accepts the file,
     and when several do (sft and rm share every section), the one the file's name names."""
     models = STAGE_CONFIGS

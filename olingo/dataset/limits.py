@@ -68,7 +68,8 @@ class LengthLimit:
     def log_summary(self, kind: str, num_skipped: int) -> None:
         """One log line for the rows this limit truncated or skipped, when there were any."""
         if self.truncated_rows:
-            logger.warning("%s data: truncated %d rows longer than %s=%d (%s=truncate)", kind, len(self.truncated_rows), self.key, self.max_length, OVERLONG_KEY)
+            logger.warning("%s data: truncated %d rows longer than %s=%d (%s=truncate)",
+                           kind, len(self.truncated_rows), self.key, self.max_length, OVERLONG_KEY)
         if num_skipped:
             logger.warning("%s data: skipped %d rows longer than %s=%d (%s=skip)", kind, num_skipped, self.key, self.max_length, OVERLONG_KEY)
 

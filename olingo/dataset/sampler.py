@@ -79,7 +79,7 @@ class CyclicLoader:
     which are read a batch at a time across episodes rather than epoch by epoch.
     """
 
-    def __init__(self, loader) -> None:  # noqa: ANN001 - a torch DataLoader
+    def __init__(self, loader) -> None:  # loader: a torch DataLoader
         if not isinstance(loader.sampler, ResumableSampler):
             raise TypeError("build the dataloader with plugin.prepare_dataloader(...) so it shards and resumes")
         if len(loader) == 0:
@@ -89,7 +89,7 @@ class CyclicLoader:
         self.samples = 0  # global samples of `epoch` already drawn (every rank's batches)
         self._iterator: Iterator | None = None
 
-    def next(self):  # noqa: ANN201 - whatever the loader's collate_fn returns
+    def next(self):  # returns whatever the loader's collate_fn returns
         sampler: ResumableSampler = self.loader.sampler  # type: ignore[assignment]
         if self._iterator is None:
             sampler.set_epoch(self.epoch, start=self.samples)

@@ -13,8 +13,8 @@ What it buys: continuous batching and paged attention, several times `generate`'
 larger batches (see bench/).
 
 Limits:
-* vLLM is imported only inside this module's functions, so `import olingo.engines` never
-  imports it. This module is the only one in olingo that imports vllm.
+* vLLM is imported only inside functions of this module and of vllm_process.py, so
+  `import olingo.engines` never imports it. These are the only modules in olingo that import vllm.
 * While the engine lives it occupies the process's default torch.distributed group (gloo, world
   size 1): it refuses to start inside an initialised torch.distributed run, and DDP/FSDP cannot
   initialise in the same process until it is closed.
@@ -27,61 +27,43 @@ Limits:
 * LoRA is merged into the weights by the sender (`engine_weights`); vLLM's own LoRA support is
   not used (a mixed LoRA/base batch applies an adapter to base rows in vLLM 0.32).
 * Sleep mode (`sleep_while_training`) exists on CUDA only.
+
+Its helpers: olingo/engines/vllm_settings.py (settings -> vLLM arguments),
+olingo/engines/vllm_weights.py (the checked weight stream) and olingo/engines/vllm_process.py
+(start, containment, shutdown).
 """
 
 from __future__ import annotations
 
-import gc
-import json
 import logging
-import os
-import random
 import threading
 import time
-import warnings
-from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 import torch
-from pydantic import Field
 
-from olingo.config import StrictModel
-from olingo.config_errors import did_you_mean
 from olingo.engines.base import repeat_prompts
 from olingo.engines.hf import _check_left_padded
-from olingo.engines.settings import (
-    GenerationSettings,
-    Rollout,
-    resolve_stop_token_ids,
-    rollout_from_responses,
+from olingo.engines.settings import GenerationSettings, Rollout, rollout_from_responses
+from olingo.engines.vllm_process import shutdown_llm, start_llm, vllm_rng
+from olingo.engines.vllm_settings import VLLMSettings, check_device, sampling_kwargs
+from olingo.engines.vllm_weights import (
+    LAYERWISE_LOGGER,
+    BufferOnlyLayersFilter,
+    CheckedWeights,
+    check_update_names,
+    checkpoint_shapes,
+    probe_name,
+    vllm_model,
+    vllm_parameter,
 )
 
-# vLLM raises temperatures in (0, 0.01) to 0.01 and treats < 1e-5 as greedy (sampling_params.py).
-_MIN_TEMPERATURE = 1e-2
+# VLLMSettings lives in vllm_settings.py; it stays importable from here (olingo.engines and the recipes import it).
+__all__ = ["VLLMEngine", "VLLMSettings", "check_response_ends", "prompt_token_lists", "responses_from_outputs"]
+
 _SEED_BOUND = 2**31 - 1
-
-
-class VLLMSettings(StrictModel):
-    """The `generation.vllm:` section: how the in-process vLLM engine is built."""
-
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="weights/activations dtype; auto = the model's own (config.json dtype), not vLLM's fp32->fp16 rule")
-    max_model_len: int | None = Field(
-        None, gt=0, description="longest prompt + response in tokens; None = the model config's max_position_embeddings")
-    kv_cache_memory_gb: float | None = Field(
-        0.25, gt=0, description="KV-cache size in GiB (required on CPU); None on CUDA = use gpu_memory_utilization")
-    gpu_memory_utilization: float = Field(
-        0.3, gt=0, le=1, description="CUDA: fraction of GPU memory vLLM may take when kv_cache_memory_gb is None")
-    enforce_eager: bool = Field(True, description="no CUDA graphs / torch.compile: slower decoding, faster start")
-    sleep_while_training: bool = Field(
-        False, description="CUDA only: free the engine's GPU memory between rollouts (vLLM sleep mode); an error on CPU")
-    sync_timeout_s: float = Field(300.0, gt=0, description="a weight sync taking longer than this raises TimeoutError")
-    seed: int = Field(
-        0, ge=0, description="vLLM's engine seed; each request carries its own seed drawn from the global torch RNG")
 
 
 class VLLMEngine:
@@ -99,7 +81,7 @@ class VLLMEngine:
         self.settings = settings if settings is not None else VLLMSettings()
         self.device = torch.device(device)
         self.model_path, self.tokenizer = Path(model_path), tokenizer
-        _check_device(self.device, self.settings)
+        check_device(self.device, self.settings)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             raise ValueError(
                 "VLLMEngine runs vLLM in this process, which needs its own torch.distributed world; "
@@ -109,11 +91,11 @@ class VLLMEngine:
         self._failed: str | None = None  # why generate refuses: a failed update left mixed weights
         self._closed, self._sleeping, self._stuck = False, False, False
         started = time.perf_counter()
-        self._llm = _start_llm(self.model_path, self.device, self.settings)
+        self._llm = start_llm(self.model_path, self.device, self.settings)
         self.start_seconds = time.perf_counter() - started
         self._max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
-        self._probe = _probe_name(_vllm_model(self._llm), self._shapes)
-        self._quiet_reload = _BufferOnlyLayersFilter(_vllm_model(self._llm))
+        self._probe = probe_name(vllm_model(self._llm), self._shapes)
+        self._quiet_reload = BufferOnlyLayersFilter(vllm_model(self._llm))
 
     # ---- RolloutEngine ------------------------------------------------------------------------
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, settings: GenerationSettings, n: int = 1) -> Rollout:
@@ -145,7 +127,7 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         params = [SamplingParams(**sampling, seed=seed) for seed in seeds]
-        with _vllm_rng(self.device):
+        with vllm_rng(self.device):
             outputs = self._llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         responses, log_probs, lengths = responses_from_outputs(outputs, self.tokenizer.pad_token_id)
         device = input_ids.device
@@ -203,7 +185,7 @@ class VLLMEngine:
             return
         self._closed = True
         llm, self._llm = self._llm, None
-        _shutdown_llm(llm)
+        shutdown_llm(llm)
 
     # ---- sleep mode ---------------------------------------------------------------------------
     @property
@@ -268,7 +250,7 @@ class VLLMEngine:
                 self._finalize_reload()
 
         thread = threading.Thread(target=load, name="olingo-vllm-reload", daemon=True)
-        layerwise = logging.getLogger(_LAYERWISE_LOGGER)
+        layerwise = logging.getLogger(LAYERWISE_LOGGER)
         layerwise.addFilter(self._quiet_reload)
         try:
             thread.start()
@@ -289,59 +271,21 @@ class VLLMEngine:
     def _finalize_reload(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        finalize_layerwise_reload(_vllm_model(self._llm), self._llm.llm_engine.model_config)
+        finalize_layerwise_reload(vllm_model(self._llm), self._llm.llm_engine.model_config)
 
     @torch.no_grad()
     def _poison_probe(self) -> None:
         if self._probe is not None:
-            _vllm_parameter(self._llm, self._probe).fill_(float("nan"))
+            vllm_parameter(self._llm, self._probe).fill_(float("nan"))
 
     def _check_probe(self, sent: torch.Tensor | None) -> None:
         if self._probe is None:
             return
-        loaded = _vllm_parameter(self._llm, self._probe).detach().cpu()
+        loaded = vllm_parameter(self._llm, self._probe).detach().cpu()
         if sent is None or not torch.equal(loaded, sent.to(dtype=loaded.dtype, device="cpu")):
             self._failed = f"vLLM did not load {self._probe!r} from the update"
             raise RuntimeError(f"VLLMEngine.update_weights: {self._failed}; the update was not applied")
 
-
-# ---- settings -> vLLM ---------------------------------------------------------------------------
-def sampling_kwargs(settings: GenerationSettings, tokenizer: Any) -> dict[str, Any]:
-    """`SamplingParams` keyword arguments (all but the seed) that reproduce `settings` exactly.
-
-    Every processor that `HFEngine` turns off is off here too. eos is not special: `ignore_eos`
-    with the resolved stop ids listed explicitly, so `stop_token_ids=[]` really means no stop
-    token; a stop token stays in the output, and so does a stop string (`skip_special_tokens`
-    off, so a string spelled with special tokens is seen as `decode(..., skip_special_tokens=False)`
-    sees it). Raises ValueError for what vLLM would change: temperatures below 0.01.
-    """
-    if settings.do_sample and settings.temperature < _MIN_TEMPERATURE:
-        raise ValueError(
-            f"temperature={settings.temperature}: vLLM raises temperatures below {_MIN_TEMPERATURE} to "
-            f"{_MIN_TEMPERATURE}; use do_sample=False for greedy decoding or a temperature >= {_MIN_TEMPERATURE}"
-        )
-    sampling = (
-        {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p}
-        if settings.do_sample
-        else {"temperature": 0.0, "top_k": 0, "top_p": 1.0}
-    )
-    return {
-        **sampling,
-        "n": 1,
-        "max_tokens": settings.max_new_tokens,
-        "min_tokens": 0,
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "ignore_eos": True,
-        "stop_token_ids": resolve_stop_token_ids(settings, tokenizer),
-        "stop": list(settings.stop_strings or []),
-        "include_stop_str_in_output": True,
-        "skip_special_tokens": False,
-        "logprobs": 0,  # the sampled token's log-prob only
-        "detokenize": bool(settings.stop_strings),  # text is needed only to find stop strings
-    }
 
 
 def prompt_token_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
@@ -380,236 +324,3 @@ def check_response_ends(rollout: Rollout, lengths: list[int], settings: Generati
             "show in their tokens; vLLM's detokenizer and the tokenizer disagree, use HFEngine for these stop strings"
         )
 
-
-# ---- weights ------------------------------------------------------------------------------------
-def checkpoint_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor in the directory's safetensors files (headers only)."""
-    from safetensors import safe_open
-
-    files = sorted(Path(model_path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_path}: no *.safetensors weights (vLLM and the weight sync need them)")
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                shapes[name] = tuple(handle.get_slice(name).get_shape())
-    return shapes
-
-
-def check_update_names(named_shapes: list[tuple[str, tuple[int, ...]]], shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Raise ValueError unless the names are exactly the checkpoint's, once each, with its shapes."""
-    names = [name for name, _ in named_shapes]
-    unknown = sorted(set(names) - set(shapes))
-    missing = sorted(set(shapes) - set(names))
-    duplicated = sorted(name for name, count in Counter(names).items() if count > 1)
-    wrong = [f"{name} {shape} (checkpoint {shapes[name]})" for name, shape in named_shapes if name in shapes and shape != shapes[name]]
-    if unknown or missing or duplicated or wrong:
-        raise ValueError(
-            "VLLMEngine weight update does not match the checkpoint it was built from: "
-            f"{len(unknown)} unknown names {unknown[:5]}, {len(missing)} missing {missing[:5]}, "
-            f"duplicated {duplicated[:5]}, wrong shapes {wrong[:5]}; send the Hugging Face checkpoint names "
-            "(olingo.engines.sync.engine_weights) of the same architecture"
-        )
-
-
-class CheckedWeights:
-    """The update stream as vLLM consumes it: each tensor's name and shape are checked before
-    vLLM sees it, and after the last one a missing name raises; an exception raised here ends
-    vLLM's load. Keeps a copy of the probe tensor (one small unfused tensor) and the count."""
-
-    def __init__(self, items: Iterator[tuple[str, torch.Tensor]], shapes: Mapping[str, tuple[int, ...]], probe: str | None) -> None:
-        self._items, self._shapes, self._probe = items, shapes, probe
-        self._seen: set[str] = set()
-        self._aborted = False
-        self.count = 0
-        self.probe_value: torch.Tensor | None = None
-
-    def abort(self) -> None:
-        self._aborted = True
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in self._items:
-            if self._aborted:
-                raise TimeoutError("weight update aborted (sync_timeout_s)")
-            check_one_name(name, tuple(tensor.shape), self._shapes, self._seen)
-            self._seen.add(name)
-            if name == self._probe:
-                self.probe_value = tensor.detach().to("cpu", copy=True)
-            self.count += 1
-            yield name, tensor
-        if len(self._seen) != len(self._shapes):
-            missing = sorted(set(self._shapes) - self._seen)
-            raise ValueError(f"VLLMEngine weight update: a full update is missing {len(missing)} names, e.g. {missing[:5]}")
-
-
-def check_one_name(name: str, shape: tuple[int, ...], shapes: Mapping[str, tuple[int, ...]], seen: Collection[str]) -> None:
-    """Raise ValueError for a streamed tensor that is unknown, sent twice or of the wrong shape."""
-    if name not in shapes:
-        raise ValueError(f"VLLMEngine weight update: unknown name {name!r}{did_you_mean(name, list(shapes))}; "
-                         "send the Hugging Face checkpoint names (olingo.engines.sync.engine_weights)")
-    if name in seen:
-        raise ValueError(f"VLLMEngine weight update: {name!r} sent twice")
-    if shape != shapes[name]:
-        raise ValueError(f"VLLMEngine weight update: {name!r} has shape {shape}, the checkpoint {shapes[name]}")
-
-
-def _probe_name(model: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
-    """The smallest checkpoint tensor that vLLM keeps under the same name and shape (a norm
-    weight on Llama-like models): neither fused, padded nor repacked, so it compares exactly."""
-    params = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    candidates = [name for name, shape in shapes.items() if params.get(name) == shape]
-    return min(candidates, key=lambda name: (int(np.prod(shapes[name])), name)) if candidates else None
-
-
-_LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
-
-
-class _BufferOnlyLayersFilter(logging.Filter):
-    """Drops vLLM's "<layer>: Failed to load weights" warning for layers that hold buffers but
-    no parameters (rotary embeddings' cos/sin cache): no checkpoint has tensors for them, so
-    every reload would warn. A real miss is caught by the name check and the probe."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.layers = {type(m).__name__ for m in model.modules()
-                       if not list(m.parameters(recurse=False)) and list(m.buffers(recurse=False))}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        expected = record.msg == "%s: Failed to load weights" and bool(args) and args[0] in self.layers
-        return not expected
-
-
-def _vllm_model(llm: Any) -> torch.nn.Module:
-    """The model inside the in-process engine (UniProcExecutor -> worker -> model runner)."""
-    return llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
-
-
-def _vllm_parameter(llm: Any, name: str) -> torch.Tensor:
-    return _vllm_model(llm).get_parameter(name)
-
-
-# ---- process: start, containment, shutdown -------------------------------------------------------
-def _check_device(device: torch.device, settings: VLLMSettings) -> None:
-    if device.type == "cpu":
-        if settings.sleep_while_training:
-            raise ValueError("generation.vllm.sleep_while_training needs CUDA: vLLM has no sleep mode on CPU")
-        if settings.kv_cache_memory_gb is None:
-            raise ValueError("generation.vllm.kv_cache_memory_gb must be set on CPU (vLLM's CPU backend needs an explicit KV-cache size)")
-    elif device.type == "cuda":
-        if device.index not in (None, 0):
-            raise ValueError(f"device={device}: in-process vLLM uses the first visible GPU; set CUDA_VISIBLE_DEVICES instead")
-    else:
-        raise ValueError(f"device={device}: VLLMEngine runs on 'cpu' or 'cuda'")
-
-
-def _model_dtype(model_path: Path, dtype: str) -> str:
-    """The dtype to ask vLLM for: "auto" resolves to the config's own dtype, because vLLM's
-    "auto" turns float32 checkpoints into float16."""
-    if dtype != "auto":
-        return dtype
-    config = json.loads((model_path / "config.json").read_text())
-    own = config.get("dtype") or config.get("torch_dtype") or "float32"
-    return str(own).removeprefix("torch.")
-
-
-def _llm_kwargs(model_path: Path, device: torch.device, settings: VLLMSettings) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "model": str(model_path),
-        # Not skip_tokenizer_init: without a tokenizer vLLM silently ignores stop strings.
-        "tokenizer": str(model_path),
-        "dtype": _model_dtype(model_path, settings.dtype),
-        "seed": settings.seed,
-        "max_model_len": settings.max_model_len,
-        "enforce_eager": settings.enforce_eager,
-        # Log-probs of the distribution each token was sampled from (see VLLMEngine.generate).
-        "logprobs_mode": "processed_logprobs",
-        "gpu_memory_utilization": settings.gpu_memory_utilization,
-        "disable_log_stats": True,
-    }
-    if settings.kv_cache_memory_gb is not None:
-        kwargs["kv_cache_memory_bytes"] = int(settings.kv_cache_memory_gb * 2**30)
-    if settings.sleep_while_training and device.type == "cuda":
-        kwargs["enable_sleep_mode"] = True
-    return kwargs
-
-
-def _start_llm(model_path: Path, device: torch.device, settings: VLLMSettings) -> Any:
-    """Construct vLLM's `LLM` in this process with its side effects on the process undone."""
-    with _process_state_kept():
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        from vllm import LLM
-        from vllm.platforms import current_platform
-
-        if current_platform.device_type != device.type:
-            raise ValueError(f"device={device}, but the installed vLLM runs on {current_platform.device_type!r}")
-        try:
-            return LLM(**_llm_kwargs(model_path, device, settings))
-        except BaseException:
-            _destroy_vllm_distributed()  # a failed start may have set up its process group
-            raise
-
-
-@contextmanager
-def _process_state_kept() -> Iterator[None]:
-    """Restore what vLLM's import and start change in the host process: the python, numpy and
-    torch RNG states (`LLM(seed=...)` reseeds them), `torch.set_num_threads` (replaced by a
-    function that refuses) and the thread count (dropped to 1), os.environ (LD_PRELOAD, VLLM_*,
-    TORCHINDUCTOR_*...; vLLM caches what it read at start) and the warnings filters."""
-    environ = dict(os.environ)
-    python_rng, numpy_rng, torch_rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    filters = list(warnings.filters)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        random.setstate(python_rng)
-        np.random.set_state(numpy_rng)
-        torch.set_rng_state(torch_rng)
-        if cuda_rng is not None:
-            torch.cuda.set_rng_state_all(cuda_rng)
-        torch.set_num_threads = set_num_threads
-        torch.set_num_threads(threads)
-        warnings.filters[:] = filters
-
-
-@contextmanager
-def _vllm_rng(device: torch.device) -> Iterator[None]:
-    """Keep vLLM's sampling draws off the global generator: its CPU sampler draws a seed per row
-    and step from it even for seeded requests, which would couple the trainer's stream to
-    response lengths."""
-    devices = [torch.cuda.current_device()] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        yield
-
-
-def _shutdown_llm(llm: Any) -> None:
-    """The shutdown sequence from vllm_findings: engine core, then the model and its memory,
-    then vLLM's process groups, so torch.distributed is uninitialised again."""
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    finally:
-        del llm
-        gc.collect()
-        _destroy_vllm_distributed()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
-def _destroy_vllm_distributed() -> None:
-    """Tear down vLLM's model-parallel groups and the world group it created, and forget the
-    environment it cached, so a later engine reads the environment afresh."""
-    from vllm import envs
-    from vllm.distributed.parallel_state import (
-        destroy_distributed_environment,
-        destroy_model_parallel,
-    )
-
-    destroy_model_parallel()
-    destroy_distributed_environment()
-    envs.disable_envs_cache()

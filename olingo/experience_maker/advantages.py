@@ -64,24 +64,24 @@ class GAE:
 
 @dataclass
 class GroupRelative:
-    """A sequence advantage from each prompt's group of `group_size` responses (grpo, dr_grpo,
+    """A sequence advantage from each prompt's group of `num_generations` responses (grpo, dr_grpo,
     rloo; formulas in `olingo.rl`), given to every token of the response. With
     the KL penalty in the reward, each token also gets the penalty still to come (reward-to-go
     of `kl_rewards`, gamma 1), as OpenRLHF does for its group estimators."""
 
     kind: Literal["grpo", "dr_grpo", "rloo"]
-    group_size: int
+    num_generations: int
     eps: float = 1e-6
     needs_critic: bool = False
 
     def __call__(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, None]:
         score = inputs.score.float()
         if self.kind == "grpo":
-            sequence = grpo_advantages(score, self.group_size, self.eps)
+            sequence = grpo_advantages(score, self.num_generations, self.eps)
         elif self.kind == "dr_grpo":
-            sequence = dr_grpo_advantages(score, self.group_size)
+            sequence = dr_grpo_advantages(score, self.num_generations)
         else:
-            sequence = rloo_advantages(score, self.group_size)
+            sequence = rloo_advantages(score, self.num_generations)
         mask = inputs.action_mask.bool()
         advantages = sequence.unsqueeze(-1).expand(mask.shape)
         if inputs.kl_rewards is not None:
@@ -92,25 +92,25 @@ class GroupRelative:
 @dataclass
 class ReinforcePP:
     """REINFORCE++ (`reinforce_pp_advantages`): reward-to-go of the per-token rewards, minus the
-    group mean score when `group_size` is set (the baseline variant), whitened over the batch
+    group mean score when `num_generations` is set (the baseline variant), whitened over the batch
     of every rank (`all_reduce_sum`) or this rank alone (None)."""
 
-    group_size: int | None
+    num_generations: int | None
     all_reduce_sum: AllReduceSum | None = None
     needs_critic: bool = False
 
     def __call__(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, None]:
-        return reinforce_pp_advantages(inputs.rewards.float(), inputs.score.float(), inputs.action_mask, self.group_size, self.all_reduce_sum), None
+        return reinforce_pp_advantages(inputs.rewards.float(), inputs.score.float(), inputs.action_mask, self.num_generations, self.all_reduce_sum), None
 
 
 def build_group_estimator(
-    kind: GroupEstimator, group_size: int, *, eps: float = 1e-6, group_baseline: bool = True, all_reduce_sum: AllReduceSum | None = None,
+    kind: GroupEstimator, num_generations: int, *, eps: float = 1e-6, group_baseline: bool = True, all_reduce_sum: AllReduceSum | None = None,
 ) -> AdvantageEstimator:
-    """The critic-free estimator `kind` names, for batches of whole groups of `group_size`."""
+    """The critic-free estimator `kind` names, for batches of whole groups of `num_generations`."""
     if kind == "reinforce_pp":
-        return ReinforcePP(group_size if group_baseline else None, all_reduce_sum)
+        return ReinforcePP(num_generations if group_baseline else None, all_reduce_sum)
     if kind in ("grpo", "dr_grpo", "rloo"):
-        return GroupRelative(kind, group_size, eps)
+        return GroupRelative(kind, num_generations, eps)
     raise ValueError(f"unknown group advantage estimator {kind!r}; choose grpo, dr_grpo, rloo or reinforce_pp")
 
 

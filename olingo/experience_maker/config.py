@@ -26,9 +26,20 @@ class ExperienceConfig(StrictModel):
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
     whiten_advantages: bool = Field(True, description="normalise advantages per experience batch")
-    global_whitening: bool = Field(False, description="whiten with the statistics of every data-parallel rank's batch together (as one process would), not per rank")
-    old_logprobs: OldLogProbsSource = Field("trainer", description="log pi_old in the PPO ratio: the trainer's forward (trainer) or, with a separate engine (vllm), the log-probs it sampled with (engine; see docs/engines.md)")
-    reuse_rollout_log_probs: bool = Field(False, description="take pi_old log-probs from the engine's own logits instead of a second actor forward (faster; holds B x A x vocab logits while generating)")
+    global_whitening: bool = Field(
+        False,
+        description="whiten with the statistics of every data-parallel rank's batch together (as one process would), not per rank",
+    )
+    old_logprobs: OldLogProbsSource = Field(
+        "trainer",
+        description="log pi_old in the PPO ratio: the trainer's forward (trainer) "
+        "or, with a separate engine (vllm), the log-probs it sampled with (engine; see docs/engines.md)",
+    )
+    reuse_rollout_log_probs: bool = Field(
+        False,
+        description="take pi_old log-probs from the engine's own logits "
+        "instead of a second actor forward (faster; holds B x A x vocab logits while generating)",
+    )
     skip_reference_when_kl_zero: bool = Field(False, description="with a fixed kl_coef of 0, skip the reference model's forward (the logged KL then reads 0)")
 
 

@@ -175,7 +175,10 @@ def make_experience_batch(items: list[BufferItem], pad_token_id: int = 0) -> Exp
     action_mask = torch.zeros((batch, num_actions), dtype=torch.bool)
     names = list(items[0].per_token)
     if any(list(item.per_token) != names for item in items):
-        raise ValueError("make_experience_batch: items with different per-token fields (with and without critic values, reference or old log-probs) cannot share a batch")
+        raise ValueError(
+            "make_experience_batch: items with different per-token fields (with and without critic values, reference or old log-probs) "
+            "cannot share a batch"
+        )
     per_token = {name: torch.zeros((batch, num_actions), dtype=items[0].per_token[name].dtype) for name in names}
     for i, item in enumerate(items):
         p, a = item.prompt.numel(), item.response.numel()

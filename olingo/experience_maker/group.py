@@ -9,16 +9,18 @@ One collect step of the GRPO family, as the algorithm reads (Shao et al. 2024; D
     3. the sequence score (reward functions and/or a reward model) plus DAPO's soft overlong
        punishment
     -> `sample` returns the batch without advantages: dynamic sampling may still drop groups
-       and draw more prompts (the trainer does that)
+       and draw more prompts (`collect` does that, with every data-parallel rank in lockstep)
     4. `finish`: advantages of the final batch from the estimator (grpo, dr_grpo, rloo,
        reinforce_pp); batch-level statistics (REINFORCE++ whitening) see exactly the rows
        that will be trained on, on every rank
-The maths is in `olingo.rl`; this module wires models to it.
+The maths is in `olingo.rl`; this module wires models to it. `GroupExperienceMaker` implements
+`olingo.experience_maker.maker.ExperienceMaker`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -28,7 +30,7 @@ from pydantic import Field
 from torch import nn
 
 from olingo.config import StrictModel
-from olingo.engines import GenerationSettings, HFEngine, RolloutEngine, concat_rollouts
+from olingo.engines import GenerationSettings, HFEngine, RolloutEngine
 from olingo.experience_maker.advantages import (
     AdvantageInputs,
     GroupEstimator,
@@ -42,6 +44,7 @@ from olingo.experience_maker.experience import (
     make_experience_batch,
     split_experience_batch,
 )
+from olingo.experience_maker.maker import CollectedBatch
 from olingo.experience_maker.scoring import (
     ScoredRollout,
     action_log_probs,
@@ -52,6 +55,9 @@ from olingo.rewards.functions import CompositeReward
 from olingo.rl.advantages import overlong_penalty, per_token_rewards
 from olingo.rl.kl import kl_estimate
 from olingo.rl.masked import AllReduceSum
+from olingo.rollout import PromptBatch, RolloutSource, SingleTurnSource
+
+logger = logging.getLogger("olingo.experience")
 
 
 class GroupExperienceConfig(StrictModel):
@@ -67,56 +73,93 @@ class GroupExperienceConfig(StrictModel):
     kl_coef: float = Field(0.0, ge=0, description="KL-to-reference coefficient (beta); 0: no reference model is loaded or run")
     kl_penalty: Literal["loss", "reward"] = Field("loss", description="the KL as a loss term (GRPO) or as a per-token reward penalty")
     kl_estimator: Literal["k1", "k2", "k3"] | None = Field(None, description="per-token KL estimator (default: k3 in the loss, k1 in the reward)")
-    overlong_buffer: int = Field(0, ge=0, description="DAPO soft overlong punishment: the last N tokens before max_new_tokens are penalised linearly, down to -overlong_penalty (0: off)")
+    overlong_buffer: int = Field(
+        0, ge=0,
+        description="DAPO soft overlong punishment: "
+        "the last N tokens before max_new_tokens are penalised linearly, down to -overlong_penalty (0: off)",
+    )
     overlong_penalty: float = Field(1.0, ge=0, description="the penalty at max_new_tokens (scales DAPO's -1)")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose scores are all equal and sample more prompts until the batch is full")
     max_resample_rounds: int = Field(3, ge=0, description="dynamic sampling: extra prompt batches drawn per collect step at most; then train on what there is")
-    old_logprobs: OldLogProbsSource = Field("trainer", description="log pi_old in the ratio: the trainer's forward (trainer) or, with a separate engine (vllm), the log-probs it sampled with (engine; see docs/engines.md)")
+    old_logprobs: OldLogProbsSource = Field(
+        "trainer",
+        description="log pi_old in the ratio: the trainer's forward (trainer) "
+        "or, with a separate engine (vllm), the log-probs it sampled with (engine; see docs/engines.md)",
+    )
     inference_batch_size: int | None = Field(None, ge=1, description="sequences per generate call (default: the whole rollout batch x G)")
-    logits_forward_batch_size: int | None = Field(None, ge=1, description="sequences per forward when scoring old and reference log-probs (default: all at once)")
+    logits_forward_batch_size: int | None = Field(
+        None, ge=1,
+        description="sequences per forward when scoring old and reference log-probs (default: all at once)",
+    )
 
     @property
     def estimator_name(self) -> str:
         return self.kl_estimator or ("k3" if self.kl_penalty == "loss" else "k1")
 
 
+def check_reference(kl_coef: float, reference: nn.Module | None) -> None:
+    """The one rule of the reference model: a KL term (kl_coef > 0) needs one to compare with."""
+    if kl_coef > 0 and reference is None:
+        raise ValueError(f"kl_coef={kl_coef} needs a reference model (initial_model, model.reference); pass one, or set kl_coef=0")
+
+
 class GroupExperienceMaker:
     """Makes experience in whole groups from prompt batches, without a critic.
 
     Args:
-        actor: the policy (unwrapped), sampled from through `engine` (default `HFEngine`).
+        actor: the policy (unwrapped), sampled from through `source` (default: a
+            `SingleTurnSource` on `engine`, default `HFEngine` on the actor).
         reward: a reward model (scored at the last real token) or a `CompositeReward`.
         reference: the frozen initial model, or None (kl_coef 0: nothing to compare with).
         config: `GroupExperienceConfig`.
         generation: sampling settings; `max_new_tokens` is also the overlong limit.
         needs_old_log_probs: compute log pi_old at rollout time. The trainer turns it off when
             every batch is learnt in one optimizer step (the ratio is then exactly 1).
-        all_reduce_sum: sums over data-parallel ranks, for batch statistics in `finish`.
+        all_reduce_sum: sums over data-parallel ranks, for batch statistics in `finish` and the
+            ranks' agreement in dynamic sampling (None: one process).
     """
 
     def __init__(
         self, actor: nn.Module, reward: nn.Module | CompositeReward, reference: nn.Module | None, tokenizer: Any, *,
         config: GroupExperienceConfig | None = None, generation: GenerationSettings | None = None, engine: RolloutEngine | None = None,
-        needs_old_log_probs: bool = True, all_reduce_sum: AllReduceSum | None = None,
+        source: RolloutSource | None = None, needs_old_log_probs: bool = True, all_reduce_sum: AllReduceSum | None = None,
     ) -> None:
         self.config = config or GroupExperienceConfig()
-        if self.config.kl_coef > 0 and reference is None:
-            raise ValueError(f"kl_coef={self.config.kl_coef} needs a reference model; pass one, or set kl_coef=0")
-        self.actor, self.reward, self.reference, self.tokenizer = actor, reward, reference, tokenizer
+        check_reference(self.config.kl_coef, reference)
+        self.actor, self.reward, self.reference, self.tokenizer = actor, reward, reference if self.config.kl_coef > 0 else None, tokenizer
         self.generation = generation or GenerationSettings()
-        self.engine = engine or HFEngine(actor, tokenizer)
+        self.source = source or SingleTurnSource(engine or HFEngine(actor, tokenizer), tokenizer.pad_token_id, self.config.inference_batch_size)
         self.needs_old_log_probs = needs_old_log_probs
         self.carry_engine_log_probs = False  # the trainer turns it on for truncated importance sampling
         self.all_reduce_sum = all_reduce_sum
-        self.group_size = self.config.num_generations
+        self.num_generations = self.config.num_generations
         self.estimator = build_group_estimator(
-            self.config.advantage, self.group_size, eps=self.config.std_eps, group_baseline=self.config.group_baseline, all_reduce_sum=all_reduce_sum,
+            self.config.advantage, self.num_generations, eps=self.config.std_eps, group_baseline=self.config.group_baseline, all_reduce_sum=all_reduce_sum,
         )
         self.last_samples: list[dict[str, Any]] = []
 
     @property
+    def engine(self) -> RolloutEngine:
+        return self.source.engine
+
+    @property
     def temperature(self) -> float:
         return self.generation.temperature if self.generation.do_sample else 1.0
+
+    @property
+    def old_logprobs(self) -> str:
+        return self.config.old_logprobs
+
+    def plan(self, pi_old_needed: bool) -> None:
+        """Compute log pi_old at rollout time only when a learner step can see a policy other
+        than the one that sampled (several optimizer steps or passes per batch)."""
+        self.needs_old_log_probs = pi_old_needed
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # no KL controller, no running reward statistics: nothing to resume
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
     @property
     def kl_in_reward(self) -> bool:
@@ -135,31 +178,25 @@ class GroupExperienceMaker:
         is a reference model to compare them with (the KL metric)."""
         settings = generation or self.generation
         device = next(self.actor.parameters()).device
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        per_call = max(1, (self.config.inference_batch_size or input_ids.shape[0] * n) // n)  # prompts per generate call
-        chunks = [
-            self.engine.generate(input_ids[i : i + per_call], attention_mask[i : i + per_call], settings, n=n)
-            for i in range(0, input_ids.shape[0], per_call)
-        ]
-        rollout = concat_rollouts(chunks, self.tokenizer.pad_token_id)
-        rollout = dataclasses.replace(rollout, **{k: getattr(rollout, k).to(device) for k in ("sequences", "attention_mask", "action_mask", "truncated")})
+        sampled = self.source.sample(PromptBatch(input_ids, attention_mask, gt_answers, row_fields).to(device), settings, n)
+        rollout, prompts = sampled.rollout, sampled.prompts
         temperature = settings.temperature if settings.do_sample else 1.0
         wants_old = self.reference is not None if with_old_log_probs is None else with_old_log_probs
         policy = policy_log_probs(rollout, getattr(self.engine, "shares_weights", True), lambda: self._log_probs(self.actor, rollout, temperature), wants_old)
         log_probs, ref_log_probs = policy.old(self.config.old_logprobs), None
         if self.reference is not None:
             ref_log_probs = self._log_probs(self.reference, rollout, temperature).to(device)
-        prompts = input_ids.repeat_interleave(n, dim=0) if n > 1 else input_ids
-        gt_answers = [g for g in gt_answers for _ in range(n)] if gt_answers is not None else None
-        row_fields = {k: [v for v in values for _ in range(n)] for k, values in row_fields.items()} if row_fields else row_fields
-        scored = score_rollout(self.reward, self.tokenizer, prompts, rollout, gt_answers, row_fields, log_probs, ref_log_probs)
+        scored = score_rollout(self.reward, self.tokenizer, prompts.input_ids, rollout, prompts.gt_answers, prompts.row_fields, log_probs, ref_log_probs)
         return dataclasses.replace(scored, engine_log_probs=policy.engine, engine_info=policy.info)
 
     def _log_probs(self, model: nn.Module, rollout: Any, temperature: float) -> torch.Tensor:
         """log pi(response tokens) under `model`, `logits_forward_batch_size` rows at a time: (B, A)."""
         seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
         step = self.config.logits_forward_batch_size or seq.shape[0]
-        parts = [action_log_probs(model, *to_model_device(model, seq[i : i + step], mask[i : i + step]), num_actions, temperature) for i in range(0, seq.shape[0], step)]
+        parts = [
+            action_log_probs(model, *to_model_device(model, seq[i : i + step], mask[i : i + step]), num_actions, temperature)
+            for i in range(0, seq.shape[0], step)
+        ]
         return torch.cat(parts).to(seq.device)
 
     @torch.no_grad()
@@ -169,14 +206,18 @@ class GroupExperienceMaker:
     ) -> Experience:
         """B prompts -> B x G scored rollouts, groups contiguous; `advantages` is None until `finish`."""
         needs_old = self.needs_old_log_probs or self.config.old_logprobs == "engine"  # the engine's differ from the current policy's
-        scored = self.rollout_and_score(input_ids, attention_mask, gt_answers, None, row_fields, n=self.group_size, with_old_log_probs=needs_old or self.kl_in_reward)
+        scored = self.rollout_and_score(
+            input_ids, attention_mask, gt_answers, None, row_fields, n=self.num_generations, with_old_log_probs=needs_old or self.kl_in_reward
+        )
         rollout, cfg = scored.rollout, self.config
         action_mask = rollout.action_mask
         kl = None  # with the KL as a loss and no pi_old needed, no forward is spent on it here: train/kl_loss reports it
         if scored.ref_log_probs is not None and scored.log_probs is not None:
             kl = kl_estimate(scored.log_probs, scored.ref_log_probs, cfg.estimator_name, action_mask)
         lengths = action_mask.sum(-1)
-        score = scored.raw_score.float() + cfg.overlong_penalty * overlong_penalty(lengths, self.generation.max_new_tokens, cfg.overlong_buffer).to(scored.raw_score.device)
+        score = scored.raw_score.float() + cfg.overlong_penalty * overlong_penalty(
+            lengths, self.generation.max_new_tokens, cfg.overlong_buffer
+        ).to(scored.raw_score.device)
         kl_coef = cfg.kl_coef if self.kl_in_reward else 0.0
         rewards = per_token_rewards(score, kl if kl is not None else torch.zeros(action_mask.shape, device=score.device), action_mask, kl_coef, "last")
         experience = Experience(
@@ -186,7 +227,11 @@ class GroupExperienceMaker:
             score=score, raw_score=scored.raw_score, truncated=rollout.truncated, policy_version=policy_version,
             engine_log_probs=scored.engine_log_probs if self.carry_engine_log_probs else None,
         )
-        experience.info = {**experience_info(experience), "group_reward_std": _mean_group_std(scored.raw_score.float(), self.group_size), **scored.engine_info}
+        experience.info = {
+            **experience_info(experience),
+            "group_reward_std": _mean_group_std(scored.raw_score.float(), self.num_generations),
+            **scored.engine_info,
+        }
         experience.info.update({f"reward/{name}": float(v.float().mean()) for name, v in scored.reward_terms.items()})
         self.last_samples = scored.samples()
         return experience
@@ -195,19 +240,64 @@ class GroupExperienceMaker:
     @torch.no_grad()
     def finish(self, experience: Experience) -> Experience:
         """The batch with its advantages, from the estimator over whole groups."""
-        if experience.batch_size % self.group_size:
-            raise ValueError(f"a batch of {experience.batch_size} rollouts is not whole groups of {self.group_size}")
+        if experience.batch_size % self.num_generations:
+            raise ValueError(f"a batch of {experience.batch_size} rollouts is not whole groups of {self.num_generations}")
         kl_rewards = None
         if self.kl_in_reward and experience.kl is not None:
             kl_rewards = torch.where(experience.action_mask, -self.config.kl_coef * experience.kl, torch.zeros_like(experience.kl))
         advantages, _ = self.estimator(AdvantageInputs(experience.rewards, experience.score, experience.action_mask, None, kl_rewards))
         return dataclasses.replace(experience, advantages=advantages)
 
+    # ---- one collect step: sample (dynamic sampling: until the batch is full), finish ------------
+    def collect(self, next_prompts: Callable[[], PromptBatch], policy_version: int) -> CollectedBatch:
+        """B prompts (the size of the batch `next_prompts` draws) -> B x G rollouts with advantages;
+        with dynamic sampling, only groups whose scores differ (see `collect_groups`)."""
+        first = [next_prompts()]
 
-def groups_with_signal(score: torch.Tensor, group_size: int) -> torch.Tensor:
+        def draw() -> Experience:
+            prompts = first.pop() if first else next_prompts()
+            return self.sample(prompts.input_ids, prompts.attention_mask, prompts.gt_answers, policy_version, prompts.row_fields)
+
+        if not self.config.dynamic_sampling:
+            experience = draw()
+            return CollectedBatch(self.finish(experience), experience.info, float(experience.action_mask.sum()))
+        target = first[0].size
+        collection = collect_groups(draw, next_prompts, self.num_generations, target, self.config.max_resample_rounds, self._all_ranks_full)
+        agreed = self._fewest_groups(min(collection.kept_groups, target), target)
+        if agreed == 0:
+            logger.warning("dynamic sampling: no group with differing rewards after %d rounds; training on the last batch (advantages 0)", collection.rounds)
+        elif agreed < target:
+            logger.info("dynamic sampling: %d of %d groups have differing rewards after %d rounds; training on those", agreed, target, collection.rounds)
+        experience = self.finish(collection.batch(agreed, self.tokenizer.pad_token_id or 0))
+        return CollectedBatch(experience, collection.info(agreed), collection.tokens)
+
+    def _all_ranks_full(self, full: bool) -> bool:
+        """Whether every data-parallel rank has a full batch (ranks draw in lockstep)."""
+        if self.all_reduce_sum is None:
+            return full
+        return bool(self.all_reduce_sum(torch.tensor(float(not full), device=self._device())) == 0)
+
+    def _fewest_groups(self, kept: int, target: int) -> int:
+        """The fewest kept groups over the ranks (each kept 0..target), so every rank takes the
+        same optimizer steps.
+
+        From sums alone: entry k of the summed vector [1, kept >= 1, ..., kept >= target]
+        counts the ranks holding at least k groups, and entry 0 counts the ranks; the minimum
+        is the number of k at which every rank is counted."""
+        if self.all_reduce_sum is None:
+            return kept
+        flags = torch.tensor([1.0] + [float(kept >= k) for k in range(1, target + 1)], device=self._device())
+        counts = self.all_reduce_sum(flags)
+        return int((counts[1:] == counts[0]).sum())
+
+    def _device(self) -> torch.device:
+        return next(self.actor.parameters()).device
+
+
+def groups_with_signal(score: torch.Tensor, num_generations: int) -> torch.Tensor:
     """(B,) scores -> (B/G,) bool: the groups whose scores are not all equal (DAPO's dynamic
     sampling keeps only these: an all-equal group has zero advantage under every estimator)."""
-    groups = score.view(-1, group_size)
+    groups = score.view(-1, num_generations)
     return (groups != groups[:, :1]).any(dim=-1)
 
 
@@ -216,7 +306,7 @@ class GroupCollection:
     """What dynamic sampling gathered: the kept groups' rows (unpadded, in group order), the
     diagnostics of every sampled batch, and counts."""
 
-    group_size: int
+    num_generations: int
     items: list[BufferItem] = field(default_factory=list)
     infos: list[dict[str, float]] = field(default_factory=list)
     sampled_groups: int = 0
@@ -226,23 +316,28 @@ class GroupCollection:
 
     @property
     def kept_groups(self) -> int:
-        return len(self.items) // self.group_size
+        return len(self.items) // self.num_generations
 
     def batch(self, groups: int, pad_token_id: int) -> Experience:
         """The first `groups` kept groups as one batch; with none, the last sampled batch (its
         advantages will be 0: only a KL term can move the policy on it)."""
         if groups == 0:
             return self.last
-        return make_experience_batch(self.items[: groups * self.group_size], pad_token_id)
+        return make_experience_batch(self.items[: groups * self.num_generations], pad_token_id)
 
     def info(self, kept: int) -> dict[str, float]:
         """The sampled batches' mean diagnostics plus the dynamic-sampling counts."""
         info = {key: sum(i[key] for i in self.infos) / len(self.infos) for key in self.infos[0]} if self.infos else {}
-        return {**info, "dynamic_sampling/kept_groups": float(kept), "dynamic_sampling/sampled_groups": float(self.sampled_groups), "dynamic_sampling/rounds": float(self.rounds)}
+        return {
+            **info,
+            "dynamic_sampling/kept_groups": float(kept),
+            "dynamic_sampling/sampled_groups": float(self.sampled_groups),
+            "dynamic_sampling/rounds": float(self.rounds),
+        }
 
 
 def collect_groups(
-    draw: Callable[[], Experience], skip: Callable[[], None], group_size: int, target: int, max_resample_rounds: int,
+    draw: Callable[[], Experience], skip: Callable[[], None], num_generations: int, target: int, max_resample_rounds: int,
     all_full: Callable[[bool], bool] = lambda full: full,
 ) -> GroupCollection:
     """DAPO's dynamic sampling (Yu et al. 2025, section 3.2): groups whose scores all agree have
@@ -252,7 +347,7 @@ def collect_groups(
     `all_full(full)` says whether every data-parallel rank is full (identity in one process):
     ranks then draw in lockstep, a full rank calling `skip` (advance its prompt stream without
     generating) while others still draw, so every rank's prompt position stays the same."""
-    collection = GroupCollection(group_size)
+    collection = GroupCollection(num_generations)
     for _ in range(1 + max_resample_rounds):
         full = collection.kept_groups >= target
         if all_full(full):
@@ -265,12 +360,12 @@ def collect_groups(
         collection.last = experience
         collection.infos.append(experience.info)
         collection.tokens += float(experience.action_mask.sum())
-        collection.sampled_groups += experience.batch_size // group_size
+        collection.sampled_groups += experience.batch_size // num_generations
         items = split_experience_batch(experience)
-        for g in groups_with_signal(experience.score, group_size).nonzero().flatten().tolist():
-            collection.items.extend(items[g * group_size : (g + 1) * group_size])
+        for g in groups_with_signal(experience.score, num_generations).nonzero().flatten().tolist():
+            collection.items.extend(items[g * num_generations : (g + 1) * num_generations])
     return collection
 
 
-def _mean_group_std(score: torch.Tensor, group_size: int) -> float:
-    return float(score.view(-1, group_size).std(dim=-1, unbiased=False).mean())
+def _mean_group_std(score: torch.Tensor, num_generations: int) -> float:
+    return float(score.view(-1, num_generations).std(dim=-1, unbiased=False).mean())

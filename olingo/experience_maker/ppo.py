@@ -1,7 +1,7 @@
 """`PPOExperienceMaker`: rollouts -> scored, advantage-annotated `Experience`.
 
 One call to `make_experience`, as the algorithm reads (InstructGPT / Ziegler et al. 2019):
-    1. generate responses to left-padded prompts through the rollout engine
+    1. sample responses to left-padded prompts from the rollout source (through its engine)
     2. log pi_old and log pi_ref of every response token (actor and frozen initial model)
     3. V_old of the state before every response token (critic; skipped without one)
     4. the sequence score: reward model at the last real token (the rule RM training uses),
@@ -12,19 +12,21 @@ One call to `make_experience`, as the algorithm reads (InstructGPT / Ziegler et 
        whitening (per rank, or global)
     7. update the KL controller (adaptive: towards `kl_target`) with the KL of every rank
 All maths is in `olingo.rl`; this module only wires models to it (`NaiveExperienceMaker` is
-its ColossalChat name, exported beside it from `olingo.experience_maker`).
+its ColossalChat name, exported beside it from `olingo.experience_maker`). It implements
+`olingo.experience_maker.maker.ExperienceMaker`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from olingo.engines import GenerationSettings, HFEngine, Rollout, RolloutEngine
+from olingo.engines import GenerationSettings, HFEngine, RolloutEngine
 from olingo.experience_maker.advantages import (
     AdvantageEstimator,
     AdvantageInputs,
@@ -34,6 +36,7 @@ from olingo.experience_maker.config import ExperienceConfig, RewardShaping
 from olingo.experience_maker.engine_logprobs import policy_log_probs
 from olingo.experience_maker.experience import Experience, experience_info
 from olingo.experience_maker.kl_controller import AdaptiveKLController, FixedKLController
+from olingo.experience_maker.maker import CollectedBatch
 from olingo.experience_maker.scoring import (
     ScoredRollout,
     action_log_probs,
@@ -46,6 +49,7 @@ from olingo.rl.advantages import per_token_rewards
 from olingo.rl.kl import kl_estimate
 from olingo.rl.masked import AllReduceSum, masked_whiten
 from olingo.rl.moments import RunningMoments
+from olingo.rollout import PromptBatch, RolloutSource, SingleTurnSource
 
 logger = logging.getLogger("olingo.experience")
 
@@ -61,6 +65,7 @@ class PPOExperienceMaker:
             (log pi_old from the engine's own logits) and `skip_reference_when_kl_zero`.
         shaping: `RewardShaping`: running normalisation, clipping, placement, truncation penalty.
         engine: the `RolloutEngine` to generate with (default: `HFEngine` on the actor).
+        source: where rollouts come from (default: `SingleTurnSource` on `engine`).
         estimator: the advantage estimator (default: the one `config.advantage` names). A
             maker without a critic can score rollouts (evaluation) but makes experience only
             with an estimator that needs no critic.
@@ -82,6 +87,7 @@ class PPOExperienceMaker:
         config: ExperienceConfig | None = None,
         shaping: RewardShaping | None = None,
         engine: RolloutEngine | None = None,
+        source: RolloutSource | None = None,
         estimator: AdvantageEstimator | None = None,
         generation: GenerationSettings | None = None,
         all_reduce_sum: AllReduceSum | None = None,
@@ -92,18 +98,40 @@ class PPOExperienceMaker:
         self.config, self.shaping = config, shaping or RewardShaping()
         self.actor, self.critic, self.reward_model, self.initial_model = actor, critic, reward_model, initial_model
         self.tokenizer = tokenizer
-        self.engine = engine or HFEngine(actor, tokenizer, with_log_probs=config.reuse_rollout_log_probs)
+        self.source = source or SingleTurnSource(engine or HFEngine(actor, tokenizer, with_log_probs=config.reuse_rollout_log_probs), tokenizer.pad_token_id)
         self.estimator = estimator or build_advantage_estimator(config)
-        self.kl_ctl = AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon) if config.kl_target is not None else FixedKLController(config.kl_coef)
+        self.kl_ctl = (
+            AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
+            if config.kl_target is not None
+            else FixedKLController(config.kl_coef)
+        )
         self.all_reduce_sum = all_reduce_sum
         self.reward_moments = RunningMoments() if self.shaping.normalize else None
         self.generation = generation or GenerationSettings()
         self.carry_engine_log_probs = False  # the trainer turns it on for truncated importance sampling
+        self.num_generations = 1  # one response per prompt
         self.last_samples: list[dict[str, Any]] = []  # texts of the last batch, for sample logs
+
+    @property
+    def engine(self) -> RolloutEngine:
+        return self.source.engine
 
     @property
     def temperature(self) -> float:
         return self.generation.temperature if self.generation.do_sample else 1.0
+
+    @property
+    def old_logprobs(self) -> str:
+        return self.config.old_logprobs
+
+    def plan(self, pi_old_needed: bool) -> None:
+        """PPO always computes log pi_old: its per-token reward holds the KL to the reference."""
+
+    def collect(self, next_prompts: Callable[[], PromptBatch], policy_version: int) -> CollectedBatch:
+        """One collect step: a prompt batch made into experience (see `make_experience`)."""
+        prompts = next_prompts()
+        experience = self.make_experience(prompts.input_ids, prompts.attention_mask, prompts.gt_answers, policy_version, prompts.row_fields)
+        return CollectedBatch(experience, experience.info, float(experience.action_mask.sum()))
 
     @torch.no_grad()
     def rollout_and_score(
@@ -115,7 +143,7 @@ class PPOExperienceMaker:
         `row_fields`: the prompt rows' extra fields (`{field: B values}`), for reward functions."""
         settings = generation or self.generation
         device = next(self.actor.parameters()).device
-        rollout = _rollout_on(self.engine.generate(input_ids.to(device), attention_mask.to(device), settings), device)
+        rollout = self.source.sample(PromptBatch(input_ids, attention_mask, gt_answers, row_fields).to(device), settings).rollout
         seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
         temperature = settings.temperature if settings.do_sample else 1.0
         policy = policy_log_probs(
@@ -195,10 +223,3 @@ class PPOExperienceMaker:
         if self.reward_moments is not None and state.get("reward_moments") is not None:
             self.reward_moments.load_state_dict(state["reward_moments"])
 
-
-def _rollout_on(rollout: Rollout, device: torch.device) -> Rollout:
-    """The engine's rollout with every tensor on the actor's device (an engine may answer on the CPU)."""
-    moved = {name: getattr(rollout, name).to(device) for name in ("sequences", "attention_mask", "action_mask", "truncated")}
-    if rollout.log_probs is not None:
-        moved["log_probs"] = rollout.log_probs.to(device)
-    return dataclasses.replace(rollout, **moved)

@@ -30,8 +30,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from olingo.config import ConfigError, HomePath, StrictModel, config_problems, format_problems
+from olingo.config import ConfigError, HomePath, StrictModel
 from olingo.config_errors import did_you_mean
+from olingo.config_problems import config_problems, format_problems
 from olingo.recipes.common import CallbackSpec, packaged_config
 
 PACKAGED_PREFIX = "packaged:"
@@ -104,7 +105,9 @@ class ExperimentConfig(StrictModel):
     run: dict | None = Field(None, description="a single arm: {stage: sft|rm|ppo|grpo|dpo|orpo|kto, config?: file, ...stage fields}")
     runs: dict[str, dict] | None = Field(None, description="arms by name: {name: {stage: ..., ...}}")
     matrix: MatrixSpec | None = Field(None, description="arms as a Cartesian product over dotted paths")
-    continual: list[ContinualStage] = Field(default_factory=list, description="stages after each arm, [{name, stage?, config?, overrides}], each from the previous final weights; stage may be another kind (SFT -> GRPO)")
+    continual: list[ContinualStage] = Field(default_factory=list, description=(
+        "stages after each arm, [{name, stage?, config?, overrides}], each from the previous final weights; "
+        "stage may be another kind (SFT -> GRPO)"))
     benchmarks: list[BenchmarkSpec] = Field(default_factory=list, description="benchmarks scored on every run")
     callbacks: list[CallbackSpec] = Field(
         default_factory=lambda: [CallbackSpec(kind="local_logger"), CallbackSpec(kind="print_progress")],

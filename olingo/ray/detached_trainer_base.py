@@ -22,7 +22,9 @@ Robustness: the makers are started and stopped by `fit` (no step counts to balan
 remote call waits with a timeout; a maker that raises fails `fit` with the maker's traceback; a
 maker that dies (and is restarted by Ray) gets the current weights and its loop back; experience
 carries the policy version that made it and batches more than `max_staleness` weight syncs old are
-dropped and counted.
+dropped and counted. The makers themselves (resolving them, their loops, restarts, stopping, the
+timed remote calls, the object-store weight push) are a `MakerPool` (olingo/ray/maker_pool.py)
+that the trainer holds as `maker_pool`.
 
 A stop (Ctrl-C/SIGTERM at the driver, forwarded by `request_stop`) is honoured at the end of the
 episode in flight, as local PPO/GRPO do: the episode trains on every batch it pulled, then a
@@ -43,7 +45,6 @@ states), all restored by `load_checkpoint`. Their weight push goes through `_pus
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import signal
@@ -55,19 +56,23 @@ from typing import Any
 
 import ray
 import torch
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import RayActorError
 
+from olingo.cluster import DistCoordinator
 from olingo.experience_maker import BufferItem, Experience
-from olingo.experience_maker.experience import experience_info
+from olingo.experience_maker.experience import experience_info, make_experience_batch, split_experience_batch
 from olingo.ray.detached_replay_buffer import ACCEPTED, DetachedReplayBuffer
-from olingo.ray.weights import state_dict_for_sync, state_dict_nbytes
+from olingo.ray.maker_pool import MakerError, MakerPool
 from olingo.ray.worker import setup_worker_logging
 from olingo.trainer.callbacks import Callback, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager
 from olingo.trainer.interrupt import TrainingInterrupted
+from olingo.trainer.learner import learn_step
 from olingo.trainer.loop import is_due, loop_scope
 from olingo.trainer.loop_support import callback_states, default_callbacks, restore_callback_states
-from olingo.trainer.utils import rng_state, set_rng_state
+from olingo.trainer.rl_support import load_policy_extras, save_policy_extras
+
+__all__ = ["TRAINER_CONCURRENCY", "DetachedTrainer", "MakerError", "micro_batches", "raise_if_interrupted"]  # MakerError: olingo.ray.maker_pool's, re-exported
 
 logger = logging.getLogger("olingo.ray")
 TRAINER_CONCURRENCY = {"buffer_length": 1, "buffer_append": 1, "buffer_sample": 1, "compute": 1}  # what a subclass's @ray.remote names
@@ -81,8 +86,12 @@ def raise_if_interrupted(summary: dict[str, Any]) -> None:
         raise TrainingInterrupted(stop["signum"], stop["step"], Path(stop["checkpoint"]) if stop["checkpoint"] else None)
 
 
-class MakerError(RuntimeError):
-    """An experience maker failed; the message carries the maker's own traceback."""
+def micro_batches(experience: Experience, size: int | None, pad_token_id: int) -> list[Experience]:
+    """`experience` in consecutive micro-batches of `size` rows (None: the whole batch)."""
+    if size is None or size >= experience.batch_size:
+        return [experience]
+    items = split_experience_batch(experience)
+    return [make_experience_batch(items[i : i + size], pad_token_id) for i in range(0, len(items), size)]
 
 
 class DetachedTrainer(ABC):
@@ -110,6 +119,7 @@ class DetachedTrainer(ABC):
     learner: Any = None  # save(directory) / load(directory): its models, optimizers and schedulers
     tokenizer: Any = None  # saved next to the actor in checkpoints
     temperature: float | None = None  # log-probs are computed at it: every maker must sample at it
+    micro_batch_size: int | None = None  # rows per forward/backward of a training step (None: the whole batch)
 
     def __init__(
         self,
@@ -134,15 +144,13 @@ class DetachedTrainer(ABC):
         setup_worker_logging()
         if not experience_maker_holder_name_list:
             raise ValueError("experience_maker_holder_name_list is empty: name at least one ExperienceMakerHolder actor")
-        self.target_holder_name_list = list(experience_maker_holder_name_list)
-        self.target_holder_list: list[Any] = []
+        self.maker_pool = MakerPool(experience_maker_holder_name_list, call_timeout_s, max_maker_restarts)
         self.detached_replay_buffer = DetachedReplayBuffer(train_batch_size, buffer_limit, pad_token_id)
         self.dataloader_pin_memory = dataloader_pin_memory
         self.callbacks: list[Callback] = list(callbacks)
         self._debug = debug
         self.max_staleness = max_staleness
-        self.call_timeout_s, self.experience_timeout_s = call_timeout_s, experience_timeout_s
-        self.max_maker_restarts = max_maker_restarts
+        self.experience_timeout_s = experience_timeout_s  # call_timeout_s and max_maker_restarts: the pool's
         self.log_dir = Path(log_dir) if log_dir else None
         self.use_wandb, self.show_progress = use_wandb, show_progress
         self.save_dir = Path(save_dir) if save_dir else None
@@ -155,8 +163,6 @@ class DetachedTrainer(ABC):
         self.sync_steps: list[int] = []  # the step of every full weight sync, oldest first
         self.run_config: dict[str, Any] | None = None
         self.summary: dict[str, Any] = {}
-        self._loops: dict[str, Any] = {}  # maker name -> ObjectRef of its running working loop
-        self._restarts = 0
         self._sync_metrics: dict[str, float] = {}
         self._last_wait_s = 0.0
         self._saved_rows: list[ManifestRow] = []
@@ -166,10 +172,27 @@ class DetachedTrainer(ABC):
         self._maker_states: list[dict[str, Any]] = []  # from a checkpoint, restored into the makers at the first sync
         self._stop_signal: int | None = None  # set by `request_stop`, honoured at the next episode boundary
 
+    @property
+    def target_holder_name_list(self) -> list[str]:
+        """The makers' actor names (ColossalChat's attribute; `maker_pool.names`)."""
+        return self.maker_pool.names
+
+    @property
+    def target_holder_list(self) -> list[Any]:
+        """The makers' handles in the order of their names, once `fit` connected (`maker_pool.handles`)."""
+        return self.maker_pool.handles
+
     # ---- what a concrete trainer supplies ------------------------------------------------
-    @abstractmethod
     def training_step(self, experience: Experience) -> dict[str, Any]:
-        """Train on one batch; returns its metrics (numbers)."""
+        """One optimizer step on one buffer batch: the learn step local training runs
+        (`olingo.trainer.learner.learn_step`), the batch split into micro-batches of
+        `micro_batch_size` rows whose losses are shares of the whole step. A trainer that is
+        not learner-backed overrides this."""
+        if self.learner is None:
+            raise NotImplementedError(f"{type(self).__name__} has no learner: implement training_step")
+        self.learner.train()
+        group = [mb.to_device(self.device) for mb in micro_batches(experience, self.micro_batch_size, self.detached_replay_buffer.pad_token_id)]
+        return learn_step(self.learner, group, self.temperature)
 
     @abstractmethod
     def _update_remote_makers(self, fully_update: bool = False, **kwargs: Any) -> None:
@@ -180,13 +203,18 @@ class DetachedTrainer(ABC):
         """
 
     def _write_checkpoint(self, directory: Path) -> None:
-        """The learner's files (actor/ with the tokenizer, ...), RNG and trainer state."""
+        """What local training writes (the learner's files, the tokenizer beside the actor, RNG,
+        `trainer_state.json`), with this actor's counters and its makers' states."""
         if self.learner is None:
             raise NotImplementedError(f"{type(self).__name__} does not write checkpoints; implement _write_checkpoint or leave save_dir unset")
         self.learner.save(directory)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(str(directory / "actor"))
-        self._write_trainer_state(directory)
+        makers = self.maker_pool.state_dicts()
+        state = {
+            "step": self.state.step, "episode": self.start_episode, "policy_version": self.policy_version, "sync_steps": self.sync_steps,
+            "makers": makers,  # in the order of experience_maker_holder_name_list
+            "callbacks": callback_states(self.callbacks),
+        }
+        save_policy_extras(directory, self.tokenizer, DistCoordinator(), state)
 
     # ---- public API --------------------------------------------------------------------------
     @ray.method(concurrency_group="compute")
@@ -213,8 +241,7 @@ class DetachedTrainer(ABC):
                 try:
                     self._connect_makers()
                     self._sync(fully_update=True)
-                    for name, maker in zip(self.target_holder_name_list, self.target_holder_list, strict=True):
-                        self._loops[name] = maker.workingloop.remote()
+                    self.maker_pool.start_loops()
                     for episode in range(self.start_episode, num_episodes):
                         state.epoch = episode
                         self._run_episode(episode, update_steps, train_epochs)
@@ -330,7 +357,7 @@ class DetachedTrainer(ABC):
             "ray/buffer_batches": float(self.detached_replay_buffer.get_length()),
             "ray/dropped_stale": float(counts.dropped_stale),
             "ray/wait_s": self._last_wait_s,
-            "ray/maker_restarts": float(self._restarts),
+            "ray/maker_restarts": float(self.maker_pool.restarts),
         })
         metrics.update(self._sync_metrics)
         return metrics
@@ -356,18 +383,12 @@ class DetachedTrainer(ABC):
                     f"(buffer counts: {vars(self.detached_replay_buffer.counts)}); raise experience_timeout_s if generation is this slow"
                 )
 
-    # ---- makers: connect, sync, watch, restart, stop ---------------------------------------------
+    # ---- makers: connect, sync, watch, restart, stop (the remote side is `self.maker_pool`) --------
     def _connect_makers(self) -> None:
-        handles = []
-        for name in self.target_holder_name_list:
-            try:
-                handles.append(ray.get_actor(name))
-            except ValueError:
-                raise ValueError(f"no experience maker actor named '{name}': create the ExperienceMakerHolder actors (with .options(name=...)) before calling fit") from None
-        self.target_holder_list = handles
-        self._get([h.ready.remote() for h in handles], "waiting for the makers to start")
+        """Resolve the makers by name; a learner-backed trainer checks their sampling temperature."""
+        self.maker_pool.connect()
         if self.temperature is not None:
-            self._check_maker_temperature(self.temperature)
+            self.maker_pool.check_temperature(self.temperature, type(self).__name__)
 
     def _sync(self, fully_update: bool = False, **kwargs: Any) -> None:
         """Weights to the makers, between the update hooks; a sync to all makers is a new version.
@@ -380,12 +401,12 @@ class DetachedTrainer(ABC):
         dispatch(self.callbacks, "on_update_start")
         try:
             self._update_remote_makers(fully_update=fully_update, policy_version=version, **kwargs)
-        except RayActorError:
-            for maker in kwargs.get("makers") or self.target_holder_list:
-                try:
-                    self._update_remote_makers(fully_update=True, policy_version=version, makers=[maker])
-                except RayActorError:
-                    self._restart_maker(self.target_holder_name_list[self.target_holder_list.index(maker)], version)
+        except RayActorError:  # a maker died: each maker on its own, a dead one restarted
+            self.maker_pool.update_each(
+                kwargs.get("makers") or self.target_holder_list,
+                lambda makers: self._update_remote_makers(fully_update=True, policy_version=version, makers=makers),
+                lambda name: self._restart_maker(name, version),
+            )
         dispatch(self.callbacks, "on_update_end")
         if to_all:
             self.policy_version = version
@@ -393,79 +414,37 @@ class DetachedTrainer(ABC):
                 self.sync_steps.append(version)
         if self._debug:
             logger.info("[trainer] weights of step %d pushed to %s", version, "all makers" if to_all else len(kwargs["makers"]))
-        if self._maker_states and to_all:  # the first sync after a resume
-            self._restore_maker_states()
-
-    def _restore_maker_states(self) -> None:
-        states, self._maker_states = self._maker_states, []
-        if len(states) != len(self.target_holder_list):
-            logger.warning("checkpoint holds %d makers' states, this run has %d makers: makers start fresh", len(states), len(self.target_holder_list))
-            return
-        self._get([m.load_state_dict.remote(s) for m, s in zip(self.target_holder_list, states, strict=True)], "restoring the makers' state")
+        if self._maker_states and to_all:  # the first sync after a resume: the makers' states from the checkpoint
+            states, self._maker_states = self._maker_states, []
+            self.maker_pool.load_state_dicts(states)
 
     def _check_makers(self) -> None:
         """React to working loops that ended: errors fail `fit`, deaths restart the maker."""
-        refs = list(self._loops.values())
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
-        for name, ref in list(self._loops.items()):
-            if ref not in done:
-                continue
-            try:
-                summary = ray.get(ref, timeout=self.call_timeout_s)
-            except RayActorError:
-                self._restart_maker(name)
-                continue
-            except RayTaskError as err:
-                raise MakerError(f"experience maker '{name}' failed; its traceback follows.\n{err}") from None
-            self.summary.setdefault("makers", {})[name] = summary  # finished its own step budget
-            del self._loops[name]
-        if not self._loops and self.detached_replay_buffer.get_length() == 0:
+        self.maker_pool.check_loops(self._record_maker_summary, self._restart_maker)
+        if not self.maker_pool.loops and self.detached_replay_buffer.get_length() == 0:
             raise RuntimeError(f"every experience maker has stopped before training ended: {self.summary.get('makers')}")
+
+    def _record_maker_summary(self, name: str, summary: dict[str, Any]) -> None:
+        """A maker whose loop finished its own step budget: its counts go into the run summary."""
+        self.summary.setdefault("makers", {})[name] = summary
 
     def _restart_maker(self, name: str, version: int | None = None) -> None:
         """A dead maker: wait for Ray to restart it, give it the weights of `version` (default:
         the current policy) and, while training runs, its working loop back."""
-        self._restarts += 1
-        if self._restarts > self.max_maker_restarts:
-            raise RuntimeError(f"experience makers died {self._restarts} times (max_maker_restarts={self.max_maker_restarts}); last: '{name}'")
-        logger.warning("experience maker '%s' died; waiting for Ray to restart it (%d/%d)", name, self._restarts, self.max_maker_restarts)
-        maker = self.target_holder_list[self.target_holder_name_list.index(name)]
-        deadline = time.monotonic() + self.call_timeout_s
-        while True:  # calls fail with ActorUnavailableError until Ray has brought the actor back
-            try:
-                self._get([maker.ready.remote()], f"restarting maker '{name}'")
-                self._update_remote_makers(fully_update=True, policy_version=self.policy_version if version is None else version, makers=[maker])
-                break
-            except ActorUnavailableError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"experience maker '{name}' was not back within call_timeout_s={self.call_timeout_s:.0f}s") from None
-                time.sleep(0.5)
-            except RayActorError:
-                raise RuntimeError(f"experience maker '{name}' died and was not restarted; create makers with .options(max_restarts=N)") from None
-        if name in self._loops:
-            self._loops[name] = maker.workingloop.remote()
+        version = self.policy_version if version is None else version
+        self.maker_pool.restart(name, lambda maker: self._update_remote_makers(fully_update=True, policy_version=version, makers=[maker]))
 
     def _stop_makers(self) -> None:
         """Close the buffer, tell every maker to stop, wait for the loops and count leftovers."""
         leftover = self.detached_replay_buffer.close()
         makers = self.summary.setdefault("makers", {})
-        stops = [maker.stop.remote() for maker in self.target_holder_list]
-        try:
-            self._get(stops, "telling the makers to stop")
-        except Exception:  # noqa: BLE001 - a dead maker cannot be told; its loop is accounted below
-            logger.warning("could not reach every maker to stop it", exc_info=True)
-        for name, ref in self._loops.items():
-            try:
-                makers[name] = ray.get(ref, timeout=self.call_timeout_s)
-            except Exception as err:  # noqa: BLE001 - stopping must reach every maker
-                makers[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
-        self._loops = {}
+        makers.update(self.maker_pool.stop())
         counts = self.detached_replay_buffer.counts
         self.summary.update({
             "steps": self.state.step,
             "episodes": self.start_episode,
             "policy_version": self.policy_version,
-            "maker_restarts": self._restarts,
+            "maker_restarts": self.maker_pool.restarts,
             "buffer": vars(counts),
             "leftover_rollouts": leftover,
         })
@@ -475,15 +454,6 @@ class DetachedTrainer(ABC):
             "%d left in the buffer unused, %d made after training ended and discarded by the makers",
             self.state.step, counts.received, counts.sampled, counts.dropped_stale, leftover, discarded,
         )
-
-    def _get(self, refs: list[Any], what: str) -> list[Any]:
-        """`ray.get` with the call timeout; a maker's exception keeps its traceback."""
-        try:
-            return ray.get(refs, timeout=self.call_timeout_s)
-        except GetTimeoutError:
-            raise TimeoutError(f"{what}: no answer within call_timeout_s={self.call_timeout_s:.0f}s") from None
-        except RayTaskError as err:
-            raise MakerError(f"{what} failed in a maker; its traceback follows.\n{err}") from None
 
     # ---- callbacks and checkpoints ------------------------------------------------------------
     def _install_default_callbacks(self) -> None:
@@ -503,62 +473,16 @@ class DetachedTrainer(ABC):
         dispatch(self.callbacks, "on_checkpoint", self.state, row)
 
     # ---- helpers of the learner-backed trainers (PPO, GRPO) -------------------------------------
-    def _check_maker_temperature(self, temperature: float) -> None:
-        """Every maker must sample at the temperature the trainer computes log-probs at."""
-        settings = self._get([m.generation_settings.remote() for m in self.target_holder_list], "reading the makers' sampling settings")
-        for name, got in zip(self.target_holder_name_list, settings, strict=True):
-            if abs(got["temperature_for_log_probs"] - temperature) > 1e-9:
-                raise ValueError(
-                    f"maker '{name}' samples at temperature {got['temperature_for_log_probs']} but the trainer computes "
-                    f"log-probs at {temperature}: pass the makers' temperature to {type(self).__name__}(temperature=...)"
-                )
-
     def _push_weights(self, makers: list[Any], actor: torch.nn.Module, critic: torch.nn.Module | None, policy_version: int) -> None:
-        """The actor's (and critic's) weights into the object store once; every maker loads them
-        (strict keys) and answers; `perf/weight_sync_*` metrics of the whole sync."""
-        start = time.perf_counter()
-        states = [state_dict_for_sync(actor), state_dict_for_sync(critic) if critic is not None else None]
-        nbytes = sum(state_dict_nbytes(s) for s in states if s is not None)
-        refs = [ray.put(s) if s is not None else None for s in states]
-        calls = [m.update_experience_maker.remote(*refs, policy_version=policy_version, fully_update=True) for m in makers]
-        answers = self._get(calls, "weight sync")
-        seconds = time.perf_counter() - start
-        tensors = sum(len(s) for s in states if s is not None)
-        what = f"{len(states[0])} actor + {len(states[1])} critic tensors" if states[1] is not None else f"{len(states[0])} actor tensors"
-        logger.info("[trainer] weight sync: %.3f MB (%s) to %d makers in %.2fs", nbytes / 1e6, what, len(makers), seconds)
-        self._sync_metrics = {
-            "perf/weight_sync_s": seconds,
-            "perf/weight_sync_gbps": nbytes * len(makers) / max(seconds, 1e-9) / 1e9,
-            "perf/weight_sync_mb": nbytes / 1e6,
-            "perf/weight_sync_tensors": float(tensors),
-            # The names local training uses: the whole sync, makers' engine loads included.
-            "time/weight_sync": seconds,
-            "perf/weight_sync_GBps": nbytes * len(makers) / max(seconds, 1e-9) / 1e9,
-        }
-        engine_loads = [a["time/weight_sync"] for a in answers if isinstance(a, dict) and "time/weight_sync" in a]
-        if engine_loads:  # makers with a vLLM engine streamed the weights on into it
-            self._sync_metrics["time/engine_weight_load"] = max(engine_loads)
-
-    def _write_trainer_state(self, directory: Path) -> None:
-        """Next to the models: the RNG and `trainer_state.json` (counters, makers, callbacks)."""
-        torch.save(rng_state(), directory / "rng_rank0.pt")
-        makers = self._get([m.state_dict.remote() for m in self.target_holder_list], "reading the makers' state")
-        state = {
-            "step": self.state.step,
-            "episode": self.start_episode,
-            "policy_version": self.policy_version,
-            "sync_steps": self.sync_steps,
-            "makers": makers,  # in the order of experience_maker_holder_name_list
-            "callbacks": callback_states(self.callbacks),
-        }
-        (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        """The actor's (and critic's) weights to `makers` through the object store, once
+        (`MakerPool.push_weights`); its `perf/weight_sync_*` metrics go into the next steps' rows."""
+        self._sync_metrics = self.maker_pool.push_weights(makers, actor, critic, policy_version)
 
     def _load_trainer_state(self, directory: Path, load_models: Callable[[Path], None]) -> int:
         """Restore models (`load_models`), RNG and counters; the makers get their own state when
         `fit` connects to them, the callbacks theirs when it installs them. Returns the step."""
-        trainer_state = json.loads((directory / "trainer_state.json").read_text())
         load_models(directory)
-        set_rng_state(torch.load(directory / "rng_rank0.pt", weights_only=False))
+        trainer_state = load_policy_extras(directory, DistCoordinator())
         self.state.step = self._last_saved_step = trainer_state["step"]
         self.start_episode = trainer_state["episode"]
         self.policy_version, self.sync_steps = trainer_state["policy_version"], trainer_state["sync_steps"]

@@ -3,10 +3,10 @@
 The makers (`ExperienceMakerHolder` with `making=GroupMaking(...)`) send whole groups with their
 advantages already computed, so the trainer needs no critic and no group structure: per batch
 popped from the buffer it takes one optimizer step exactly as single-process `GRPOTrainer`
-does (`GRPOLearner`):
+does, through the same `learn_step` (`DetachedTrainer.training_step`):
     1. split the batch into micro-batches of `micro_batch_size` rollouts (the single-process
        minibatches of one optimizer step; None: the whole batch at once)
-    2. count the step's loss units over all of them (`step_units`: tokens or responses)
+    2. count the step's loss units over all of them (`GRPOLearner.step_share`)
     3. forward/backward each micro-batch's share of that step-global loss
     4. clip, optimizer and scheduler step
 So `train_batch_size = loop.train_batch_size x loop.accumulation_steps` with
@@ -25,7 +25,6 @@ import ray
 import torch
 
 from olingo.booster import Booster, SingleProcessPlugin
-from olingo.experience_maker import Experience, make_experience_batch, split_experience_batch
 from olingo.experience_maker.group import GroupExperienceConfig
 from olingo.ray.detached_trainer_base import TRAINER_CONCURRENCY, DetachedTrainer
 from olingo.trainer.callbacks import Callback
@@ -39,15 +38,6 @@ def default_grpo_optim_fn(actor_lr: float) -> Callable[[torch.nn.Module], tuple]
         return torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=actor_lr), None
 
     return build
-
-
-def micro_batches(experience: Experience, size: int | None, pad_token_id: int) -> list[Experience]:
-    """The rows of `experience` in consecutive micro-batches of `size` rollouts, each padded
-    only as far as its own rows need (as single-process minibatches are); None: the batch."""
-    if size is None or size >= experience.batch_size:
-        return [experience]
-    items = split_experience_batch(experience)
-    return [make_experience_batch(items[i : i + size], pad_token_id) for i in range(0, len(items), size)]
 
 
 @ray.remote(concurrency_groups=TRAINER_CONCURRENCY)
@@ -111,14 +101,6 @@ class DetachedGRPOTrainer(DetachedTrainer):
         self.device = self.learner.device
         self.micro_batch_size, self.temperature = micro_batch_size, temperature
         self.tokenizer = tokenizer_fn() if tokenizer_fn is not None else None
-
-    def training_step(self, experience: Experience) -> dict[str, Any]:
-        """One optimizer step on one buffer batch, its loss normalised over all its micro-batches."""
-        self.learner.train()
-        group = [mb.to_device(self.device) for mb in micro_batches(experience, self.micro_batch_size, self.detached_replay_buffer.pad_token_id)]
-        units = self.learner.step_units(group)
-        stats = [self.learner.training_step(mb, units, len(group), self.temperature) for mb in group]
-        return self.learner.optimizer_step(stats)
 
     def _update_remote_makers(self, fully_update: bool = False, **kwargs: Any) -> None:
         """The actor's weights (no critic exists) into the object store once; every maker loads them."""

@@ -17,7 +17,6 @@ import ray
 import torch
 
 from olingo.booster import Booster, SingleProcessPlugin
-from olingo.experience_maker import Experience
 from olingo.ray.detached_trainer_base import TRAINER_CONCURRENCY, DetachedTrainer
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.ppo_learner import PPOLearner, PPOLossConfig
@@ -90,12 +89,6 @@ class DetachedPPOTrainer(DetachedTrainer):
         self.device = self.learner.device
         self.temperature = temperature
         self.tokenizer = tokenizer_fn() if tokenizer_fn is not None else None
-
-    def training_step(self, experience: Experience) -> dict[str, Any]:
-        """One PPO update (policy and value losses, one optimizer step) on one batch."""
-        self.learner.train()
-        stats = self.learner.training_step(experience, 1.0, self.temperature)
-        return self.learner.optimizer_step(stats)
 
     def _update_remote_makers(self, fully_update: bool = False, **kwargs: Any) -> None:
         """Both models into the object store once; every maker loads them (strict keys)."""

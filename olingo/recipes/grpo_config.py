@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from olingo.config import StrictModel
+from olingo.config import ConfigError, StrictModel
 from olingo.experience_maker.group import GroupExperienceConfig
 from olingo.ray.config import RayConfig
 from olingo.recipes.common import (
@@ -23,32 +23,52 @@ from olingo.recipes.common import (
     PluginConfig,
     RunConfig,
 )
-from olingo.recipes.ppo_config import GenerationConfig, PPODataConfig, PPOLoopConfig
+from olingo.recipes.online_config import GenerationSection, PromptDataConfig
 from olingo.recipes.rewards import RewardSource
 from olingo.trainer.grpo_learner import GRPOLossConfig
+from olingo.trainer.online_config import OnlineLoopConfig
 
 
 class GRPOModelConfig(StrictModel):
     """The policy and, when the KL term is on, its frozen reference."""
 
-    actor: str = Field("builtin:tiny-llama", description="the policy to train: an SFT model directory, hub id or GGUF file (builtin:smollm2 = SmolLM2-135M-Instruct); other model paths take GGUF files too")
-    reference: str | None = Field(None, description="frozen reference model for the KL term (default: actor; with LoRA: the actor's base with adapters disabled, no second copy); not loaded when experience.kl_coef is 0")
+    actor: str = Field(
+        "builtin:tiny-llama",
+        description="the policy to train: an SFT model directory, hub id or GGUF file (builtin:smollm2 = SmolLM2-135M-Instruct); "
+        "other model paths take GGUF files too",
+    )
+    reference: str | None = Field(
+        None,
+        description="frozen reference model for the KL term "
+        "(default: actor; with LoRA: the actor's base with adapters disabled, no second copy); not loaded when experience.kl_coef is 0",
+    )
     tokenizer: str | None = Field(None, description="tokenizer directory (default: actor)")
-    chat_template: str | None = Field(None, description="chat template for a model without one (a base model), replacing the tokenizer's own: a Jinja template string or the path of a file holding one; saved with the exported model")
+    chat_template: str | None = Field(
+        None,
+        description="chat template for a model without one (a base model), replacing the tokenizer's own: "
+        "a Jinja template string or the path of a file holding one; saved with the exported model",
+    )
     gguf_file: str | None = Field(None, description="the GGUF file to load when model.actor is a directory holding several")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward")
-    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters via peft for the actor (lora.r > 0); the reference (KL term) is then the actor with its adapters disabled unless model.reference is set")
+    lora: LoraSettings = Field(
+        default_factory=LoraSettings,
+        description="LoRA adapters via peft for the actor (lora.r > 0); "
+        "the reference (KL term) is then the actor with its adapters disabled unless model.reference is set",
+    )
 
 
-class GRPOLoopConfig(PPOLoopConfig):
-    """The GRPO loop: PPO's loop fields, with GRPO's batch sizes and mu (update_steps)."""
+class GRPOLoopConfig(OnlineLoopConfig):
+    """The GRPO loop: the online loop with GRPO's batch sizes and mu (update_steps)."""
 
-    update_steps: int = Field(1, ge=1, description="mu: passes over each episode's rollouts (DAPO/TRL num_iterations); 1 with one optimizer step per episode needs no pi_old forward")
+    update_steps: int = Field(
+        1, ge=1,
+        description="mu: passes over each episode's rollouts (DAPO/TRL num_iterations); "
+        "1 with one optimizer step per episode needs no pi_old forward",
+    )
     rollout_batch_size: int = Field(8, ge=1, description="prompts per collect step per process (each answered experience.num_generations times)")
     train_batch_size: int = Field(16, ge=1, description="rollouts per minibatch per process")
-    accuracy_function: str | None = Field(None, description="reward function counted as accuracy in evaluation (e.g. arithmetic_exact, math_answer); called like reward.functions, row fields included, and checked on one data row at start-up")
 
 
 class GRPOConfig(StrictModel):
@@ -56,10 +76,16 @@ class GRPOConfig(StrictModel):
 
     run: RunConfig = Field(default_factory=lambda: RunConfig(name="grpo"), description="run directory, seed, resume")
     model: GRPOModelConfig = Field(default_factory=GRPOModelConfig, description="policy and reference")
-    reward: RewardSource = Field(default_factory=lambda: RewardSource(functions={"arithmetic_exact": 1.0}), description="reward functions and/or a reward model")
-    data: PPODataConfig = Field(default_factory=PPODataConfig, description="prompts")
-    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="rollout sampling")
-    experience: GroupExperienceConfig = Field(default_factory=GroupExperienceConfig, description="groups, advantage estimator, KL, dynamic sampling, overlong punishment")
+    reward: RewardSource = Field(
+        default_factory=lambda: RewardSource(functions={"arithmetic_exact": 1.0}),
+        description="reward functions and/or a reward model",
+    )
+    data: PromptDataConfig = Field(default_factory=PromptDataConfig, description="prompts")
+    generation: GenerationSection = Field(default_factory=GenerationSection, description="rollout sampling")
+    experience: GroupExperienceConfig = Field(
+        default_factory=GroupExperienceConfig,
+        description="groups, advantage estimator, KL, dynamic sampling, overlong punishment",
+    )
     loss: GRPOLossConfig = Field(default_factory=GRPOLossConfig, description="clipping, aggregation, ptx")
     loop: GRPOLoopConfig = Field(default_factory=GRPOLoopConfig, description="episodes, batch sizes, checkpoints, evaluation")
     actor_optim: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(lr=1e-6), description="policy optimisation")
@@ -67,3 +93,14 @@ class GRPOConfig(StrictModel):
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="loggers")
     callbacks: list[CallbackSpec] = Field(default_factory=list, description="extra callbacks, [{kind, params}]")
     ray: RayConfig = Field(default_factory=RayConfig, description="detached mode on Ray (rollout workers and trainer as actors)")
+
+
+def check_grpo_config(cfg: GRPOConfig) -> None:
+    """What one section alone cannot check."""
+    if cfg.loss.ptx_coef > 0 and not cfg.data.pretrain:
+        raise ConfigError("loss.ptx_coef > 0 needs data.pretrain (SFT-format rows for the ptx loss)")
+    if cfg.experience.overlong_buffer > cfg.generation.max_new_tokens:
+        raise ConfigError(
+            f"experience.overlong_buffer ({cfg.experience.overlong_buffer}) is longer than generation.max_new_tokens "
+            f"({cfg.generation.max_new_tokens}): the penalty zone must fit inside the length limit"
+        )

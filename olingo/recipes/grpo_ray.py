@@ -41,8 +41,7 @@ from olingo.recipes.common import (
     optimizer_and_schedule,
     resolve_model_path,
 )
-from olingo.recipes.grpo import check_grpo_config
-from olingo.recipes.grpo_config import GRPOConfig
+from olingo.recipes.grpo_config import GRPOConfig, check_grpo_config
 from olingo.recipes.ray_run import RayAlgorithm, open_run, optimizer_steps, run_on_ray
 from olingo.recipes.rewards import RewardSource, load_reward
 from olingo.trainer.callbacks import Callback
@@ -153,7 +152,9 @@ def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict
     check_ray_config(cfg)
     check_grpo_config(cfg)
     loop, m = cfg.loop, cfg.model
-    run_dir, checkpoint = open_run(cfg, {"model.actor": m.actor, "model.reference": m.reference, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
+    run_dir, checkpoint = open_run(cfg, {
+        "model.actor": m.actor, "model.reference": m.reference, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model,
+    })
     batches = episode_batches(cfg)
     models = maker_models(cfg)
 
@@ -161,7 +162,10 @@ def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict
     # one optimizer step per buffer batch of accumulation_steps micro-batches
     grpo = RayAlgorithm(
         "grpo", models, GroupMaking(cfg.experience, needs_old_log_probs=needs_old_log_probs(cfg), carry_engine_log_probs=cfg.loss.tis_cap is not None),
-        trainer_models=GRPOModelsFn(models.actor, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora, gradient_checkpointing=m.gradient_checkpointing, chat_template=m.chat_template),
+        trainer_models=GRPOModelsFn(
+            models.actor, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora,
+            gradient_checkpointing=m.gradient_checkpointing, chat_template=m.chat_template,
+        ),
         optim_fn=GRPOOptimFn(cfg.actor_optim, optimizer_steps(cfg, batches)), batches=batches,
         trainer_kwargs=dict(
             train_batch_size=loop.train_batch_size * loop.accumulation_steps, micro_batch_size=loop.train_batch_size,

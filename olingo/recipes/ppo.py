@@ -22,8 +22,7 @@ import torch
 
 from olingo.booster import Booster
 from olingo.config import ConfigError
-from olingo.dataset import SFTCollator, build_sft_dataset
-from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
+from olingo.experience_maker import PPOExperienceMaker
 from olingo.models import (
     RewardModel,
     load_causal_lm,
@@ -35,34 +34,22 @@ from olingo.models.critic import Critic
 from olingo.recipes.common import (
     RunSetup,
     attach_experiment,
-    build_callbacks,
-    build_rollout_engine,
-    check_batch_fits,
     check_engine_config,
     check_model_paths,
-    check_room_for_text,
     enable_gradient_checkpointing,
     make_plugin,
     open_run,
     optimizer_and_schedule,
     resolve_model_path,
-    resolve_path,
 )
-from olingo.recipes.ppo_config import (  # noqa: F401 - the config's classes, importable from here as before
-    GenerationConfig,
-    PPOConfig,
-    PPODataConfig,
-    PPOLoopConfig,
-    PPOModelConfig,
-    RewardConfig,
-    generate_kwargs,
-)
+from olingo.recipes.online import load_prompt_data, online_trainer, resume_and_fit, rollouts
+from olingo.recipes.ppo_config import PPOConfig, PPOModelConfig, RewardConfig  # noqa: F401 - importable from here as before
 from olingo.recipes.rewards import load_reward, probe_user_functions
-from olingo.rewards.functions import CompositeReward, reward_function
+from olingo.rewards.functions import CompositeReward
 from olingo.trainer.callbacks import Callback, LogContext
-from olingo.trainer.callbacks.builtin import PerformanceEvaluator
 from olingo.trainer.loop_support import Evaluator
-from olingo.trainer.ppo import PPOTrainer, ppo_steps_per_episode
+from olingo.trainer.online_trainer import OnlineTrainer
+from olingo.trainer.ppo_learner import PPOLearner
 
 
 @dataclass
@@ -78,20 +65,14 @@ class PPOModels:
     stop_token_ids: list[int]  # where responses end (the tokenizer's and the actor's eos ids)
 
 
-@dataclass
-class PPOData:
-    """Loaders over validated data: prompts (training and held out) and pretrain rows for ptx."""
-
-    prompts: Any
-    eval_prompts: Any | None
-    pretrain: Any | None
-
-
 def load_models(cfg: PPOConfig, inference_device: torch.device | str) -> PPOModels:
     """Actor (LoRA when asked), its frozen copy as reference, the critic (from the reward model
     by default, as InstructGPT does), the reward; frozen models wait on `inference_device`."""
     m = cfg.model
-    check_model_paths({"model.actor": m.actor, "model.reference": m.reference, "model.critic": m.critic, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
+    check_model_paths({
+        "model.actor": m.actor, "model.reference": m.reference, "model.critic": m.critic,
+        "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model,
+    })
     source = resolve_model_path(m.actor, m.gguf_file)
     tokenizer = load_tokenizer(resolve_model_path(m.tokenizer) if m.tokenizer else source, padding_side="left", chat_template=m.chat_template)
     stops = stop_token_ids(tokenizer, source)
@@ -110,59 +91,24 @@ def load_models(cfg: PPOConfig, inference_device: torch.device | str) -> PPOMode
     return PPOModels(tokenizer, actor, critic, reference, reward, stops)
 
 
-def load_data(cfg: PPOConfig, tokenizer: Any, plugin: Any) -> PPOData:
-    """Prompts and pretrain rows validated (errors name file, row, field), then sharded loaders."""
-    loop, data = cfg.loop, cfg.data
-    check_room_for_text(tokenizer, data.max_prompt_length, "data.max_prompt_length", with_response=False)
-    prompts = build_prompt_dataset([resolve_path(s) for s in data.prompts], tokenizer, data.max_prompt_length, skip_invalid=data.skip_invalid, overlong=data.overlong, length_key="data.max_prompt_length")
-    eval_prompts = build_prompt_dataset([resolve_path(s) for s in data.eval_prompts], tokenizer, data.max_prompt_length, overlong=data.overlong, length_key="data.max_prompt_length") if data.eval_prompts else None
-    pretrain = build_sft_dataset([resolve_path(s) for s in data.pretrain], tokenizer, data.max_pretrain_length, skip_invalid=data.skip_invalid, overlong=data.overlong, length_key="data.max_pretrain_length") if data.pretrain else None
-    world = plugin.coordinator.world_size
-    check_batch_fits(len(prompts), loop.rollout_batch_size, world, "loop.rollout_batch_size", "data.prompts")
-    if pretrain is not None:
-        check_batch_fits(len(pretrain), loop.train_batch_size, world, "loop.train_batch_size", "data.pretrain")
-    collate = PromptCollator(tokenizer.pad_token_id)
-    return PPOData(
-        prompts=plugin.prepare_dataloader(prompts, loop.rollout_batch_size, shuffle=True, seed=cfg.run.seed, collate_fn=collate, drop_last=True),
-        eval_prompts=plugin.prepare_dataloader(eval_prompts, loop.eval_batch_size, shuffle=False, collate_fn=collate, even=False) if eval_prompts else None,
-        pretrain=plugin.prepare_dataloader(pretrain, loop.train_batch_size, shuffle=True, seed=cfg.run.seed, collate_fn=SFTCollator(tokenizer.pad_token_id), drop_last=True) if pretrain else None,
-    )
-
-
-def total_optimizer_steps(loop: PPOLoopConfig) -> int:
-    """Optimizer steps of the whole run, the unit the schedules are sized in."""
-    return loop.episodes * ppo_steps_per_episode(
-        loop.collect_steps, loop.rollout_batch_size, loop.update_steps, loop.train_batch_size, loop.accumulation_steps,
-        buffer_limit=loop.buffer_limit, sample_buffer=loop.sample_buffer,
-    )
-
-
-def build_trainer(cfg: PPOConfig, setup: RunSetup, models: PPOModels, callbacks: Sequence[Callback]) -> PPOTrainer:
+def build_trainer(cfg: PPOConfig, setup: RunSetup, models: PPOModels, callbacks: Sequence[Callback]) -> OnlineTrainer:
     """AdamW and cosine schedules for actor and critic, each boosted by its own plugin (each
-    clips its own gradients), and the trainer with every section of the config it needs."""
-    loop, total_steps = cfg.loop, total_optimizer_steps(cfg.loop)
+    clips its own gradients); the learner gets `loss:`, the experience maker `experience:`,
+    `reward:` (its shaping) and `generation:`, the loop `loop:`."""
+    total_steps = cfg.loop.total_steps()
     critic_booster = Booster(make_plugin(cfg.plugin, cfg.critic_optim.max_grad_norm))
     actor_optim, actor_scheduler = optimizer_and_schedule(models.actor, cfg.actor_optim, total_steps)
     critic_optim, critic_scheduler = optimizer_and_schedule(models.critic, cfg.critic_optim, total_steps)
     actor, actor_optim, _, _, actor_scheduler = setup.booster.boost(models.actor, actor_optim, lr_scheduler=actor_scheduler)
     critic, critic_optim, _, _, critic_scheduler = critic_booster.boost(models.critic, critic_optim, lr_scheduler=critic_scheduler)
-    trainer = PPOTrainer(
-        setup.booster, critic_booster, actor, critic, models.reward, models.reference, actor_optim, critic_optim,
-        actor_scheduler, critic_scheduler, models.tokenizer, kl_coef=cfg.experience.kl_coef, ptx_coef=cfg.loss.ptx_coef,
-        train_batch_size=loop.train_batch_size, buffer_limit=loop.buffer_limit, eps_clip=cfg.loss.eps_clip,
-        vf_coef=cfg.loss.vf_coef, value_clip=cfg.loss.value_clip, sample_buffer=loop.sample_buffer,
-        offload_inference_models=loop.offload_inference_models, accumulation_steps=loop.accumulation_steps,
-        save_interval=loop.save_interval, save_dir=str(setup.run_dir), coordinator=setup.coordinator,
-        callbacks=[PerformanceEvaluator(), *build_callbacks(cfg.callbacks), *callbacks],
-        experience_config=cfg.experience, reward_shaping=cfg.reward, eval_interval=loop.eval_interval, eval_before_training=loop.eval_before_training, tis_cap=cfg.loss.tis_cap,
-        accuracy_fn=reward_function(loop.accuracy_function) if loop.accuracy_function else None,
-        eval_generate_kwargs={"temperature": loop.eval_temperature} if loop.eval_temperature is not None else None,
-        engine=build_rollout_engine(cfg.generation.engine, cfg.generation.vllm, cfg.model.actor, models.tokenizer, setup.plugin.device, cfg.model.gguf_file),
-        **generate_kwargs(cfg.generation, models.stop_token_ids),
+    learner = PPOLearner.build(setup.booster, critic_booster, actor, critic, actor_optim, critic_optim, actor_scheduler, critic_scheduler, cfg.loss)
+    sampling = rollouts(cfg, setup, models.tokenizer, models.stop_token_ids)
+    # Unwrapped models: rollouts are forward-only, so DDP's per-forward bookkeeping is not wanted.
+    maker = PPOExperienceMaker(
+        setup.booster.unwrap(actor), critic_booster.unwrap(critic), models.reward, models.reference, models.tokenizer, config=cfg.experience,
+        shaping=cfg.reward, engine=sampling.engine, generation=sampling.generation, all_reduce_sum=setup.plugin.all_reduce_sum,
     )
-    trainer.show_progress = cfg.logging.progress
-    trainer.run_config = cfg.model_dump(mode="json")
-    return trainer
+    return online_trainer(cfg, setup, learner, maker, models.tokenizer, (models.reference, models.reward), sampling.eval_generation, callbacks)
 
 
 def check_ppo_config(cfg: PPOConfig) -> None:
@@ -187,33 +133,9 @@ def run_ppo(cfg: PPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogConte
     # 2. models: actor, frozen reference, critic, reward
     models = load_models(cfg, "cpu" if cfg.loop.offload_inference_models else setup.plugin.device)
     # 3. data, validated before any training
-    data = load_data(cfg, models.tokenizer, setup.plugin)
+    data = load_prompt_data(cfg, models.tokenizer, setup.plugin)
     # 4. optimizers, schedules, the trainer
     trainer = build_trainer(cfg, setup, models, callbacks)
     attach_experiment(trainer, ctx, evaluators)
     # 5. resume, write the run directory, fit
     return resume_and_fit(trainer, setup, cfg, data)
-
-
-def resume_and_fit(trainer: Any, setup: RunSetup, cfg: Any, data: PPOData) -> dict:
-    """The last step of an RL recipe (PPO, GRPO): restore the checkpoint to resume, write the
-    run directory, fit; the run directory, final actor, held-out metrics and step count."""
-    if setup.checkpoint is not None:
-        trainer.load_checkpoint(setup.checkpoint)
-    setup.commit()
-    loop, engine = cfg.loop, trainer.experience_maker.engine
-    try:
-        artifacts = trainer.fit(
-            loop.episodes, loop.collect_steps, loop.update_steps, data.prompts, data.pretrain,
-            log_dir=str(setup.run_dir), use_wandb=cfg.logging.wandb, eval_dataloader=data.eval_prompts,
-        )
-    finally:
-        if not getattr(engine, "shares_weights", True):
-            engine.close()  # a separate engine (vLLM) holds memory and, on CUDA, a share of the GPU
-    return {
-        "run_dir": str(setup.run_dir),
-        "final_model": str(setup.run_dir / "checkpoints" / "final" / "actor"),
-        "eval_before": trainer.initial_eval_metrics,  # None when not evaluated (off, no eval prompts, resumed)
-        "eval": trainer.last_eval_metrics,
-        "steps": artifacts.completed_steps,
-    }

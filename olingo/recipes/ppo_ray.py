@@ -147,15 +147,24 @@ def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     # 1. config, seed, run directory (checked here, written once the actors have loaded everything)
     check_ray_config(cfg)
     m, loss = cfg.model, cfg.loss
-    run_dir, checkpoint = open_run(cfg, {"model.actor": m.actor, "model.reference": m.reference, "model.critic": m.critic, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
+    run_dir, checkpoint = open_run(cfg, {
+        "model.actor": m.actor, "model.reference": m.reference, "model.critic": m.critic,
+        "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model,
+    })
     batches = episode_batches(cfg)
     models = maker_models(cfg)
 
     # 2-7. makers making PPO experience (KL-penalised rewards, GAE), the PPO trainer (actor + critic)
     ppo = RayAlgorithm(
         "ppo", models, PPOMaking(cfg.experience.kl_coef, cfg.experience, cfg.reward, carry_engine_log_probs=cfg.loss.tis_cap is not None),
-        trainer_models=PPOModelsFn(models.actor, models.critic, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora, chat_template=m.chat_template),
+        trainer_models=PPOModelsFn(
+            models.actor, models.critic, models.tokenizer,
+            dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora, chat_template=m.chat_template,
+        ),
         optim_fn=OptimFn(cfg.actor_optim, cfg.critic_optim, optimizer_steps(cfg, batches)), batches=batches,
-        trainer_kwargs=dict(train_batch_size=cfg.loop.train_batch_size, eps_clip=loss.eps_clip, value_clip=loss.value_clip, vf_coef=loss.vf_coef, tis_cap=loss.tis_cap),
+        trainer_kwargs=dict(
+            train_batch_size=cfg.loop.train_batch_size,
+            eps_clip=loss.eps_clip, value_clip=loss.value_clip, vf_coef=loss.vf_coef, tis_cap=loss.tis_cap,
+        ),
     )
     return run_on_ray(cfg, ppo, run_dir, checkpoint, callbacks)

@@ -21,6 +21,7 @@ a multi-node cluster they must exist on every node. Everything that calls `ray` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -42,7 +43,7 @@ from olingo.recipes.common import (
     resume_checkpoint,
 )
 from olingo.recipes.grpo_config import GRPOConfig
-from olingo.recipes.ppo_config import PPOConfig, generate_kwargs
+from olingo.recipes.ppo_config import PPOConfig
 from olingo.recipes.rewards import probe_user_functions
 from olingo.rewards.rlvr import get_reward_function
 from olingo.trainer.callbacks import Callback
@@ -77,7 +78,10 @@ class PromptLoaderFn:
 
     def __call__(self) -> Any:
         tokenizer = load_tokenizer(self.tokenizer, padding_side="left", chat_template=self.chat_template)
-        dataset = build_prompt_dataset(self.sources, tokenizer, self.max_prompt_length, skip_invalid=self.skip_invalid, overlong=self.overlong, length_key="data.max_prompt_length")
+        dataset = build_prompt_dataset(
+            self.sources, tokenizer, self.max_prompt_length,
+            skip_invalid=self.skip_invalid, overlong=self.overlong, length_key="data.max_prompt_length",
+        )
         return SingleProcessPlugin().prepare_dataloader(
             dataset, self.batch_size, shuffle=self.train, seed=self.seed, collate_fn=PromptCollator(tokenizer.pad_token_id),
             even=self.train, drop_last=self.train,
@@ -162,7 +166,10 @@ def run_on_ray(cfg: RayRecipeConfig, algorithm: RayAlgorithm, run_dir: Path, che
         evaluate = _evaluator(cfg, makers[0], launch) if cfg.data.eval_prompts else None
         before = evaluate() if evaluate is not None and checkpoint is None and cfg.loop.eval_before_training else None
         total_steps = cfg.loop.episodes * algorithm.batches
-        summary = launch.wait_for(trainer.fit.remote(total_steps, algorithm.batches, cfg.loop.update_steps, initial_eval=before), on_stop=lambda signum: trainer.request_stop.remote(signum))
+        summary = launch.wait_for(
+            trainer.fit.remote(total_steps, algorithm.batches, cfg.loop.update_steps, initial_eval=before),
+            on_stop=lambda signum: trainer.request_stop.remote(signum),
+        )
         launch.raise_if_interrupted(summary)  # Ctrl-C: the trainer checkpointed at the end of its episode
         after = evaluate() if evaluate is not None else None
     finally:
@@ -176,12 +183,19 @@ def _spawn_maker(cfg: RayRecipeConfig, algorithm: RayAlgorithm, launch: Any, i: 
     loop, data, models, template = cfg.loop, cfg.data, algorithm.maker_models, cfg.model.chat_template
     return launch.spawn_maker(
         cfg.ray, name, [trainer_name], models, TokenizerFn(models.tokenizer, template),
-        PromptLoaderFn([resolve_path(s) for s in data.prompts], models.tokenizer, data.max_prompt_length, loop.rollout_batch_size, seed=cfg.run.seed + 1000 * i, skip_invalid=data.skip_invalid, chat_template=template, overlong=data.overlong),
+        PromptLoaderFn(
+            [resolve_path(s) for s in data.prompts], models.tokenizer, data.max_prompt_length, loop.rollout_batch_size,
+            seed=cfg.run.seed + 1000 * i, skip_invalid=data.skip_invalid, chat_template=template, overlong=data.overlong,
+        ),
         making=algorithm.making,
         engine_fn=VLLMEngineFn(models.actor, cfg.generation.vllm) if cfg.generation.engine == "vllm" else None,
-        eval_dataloader_fn=PromptLoaderFn([resolve_path(s) for s in data.eval_prompts], models.tokenizer, data.max_prompt_length, loop.eval_batch_size, train=False, chat_template=template, overlong=data.overlong) if data.eval_prompts and i == 0 else None,
+        eval_dataloader_fn=PromptLoaderFn(
+            [resolve_path(s) for s in data.eval_prompts], models.tokenizer, data.max_prompt_length, loop.eval_batch_size,
+            train=False, chat_template=template, overlong=data.overlong,
+        ) if data.eval_prompts and i == 0 else None,
         accuracy_fn=get_reward_function(loop.accuracy_function) if loop.accuracy_function else None,
-        seed=cfg.run.seed + i, call_timeout_s=cfg.ray.call_timeout_s, **generate_kwargs(cfg.generation, stops),
+        seed=cfg.run.seed + i, call_timeout_s=cfg.ray.call_timeout_s,
+        **dataclasses.asdict(cfg.generation.settings(stops)),  # the holder takes its settings as keywords
     )
 
 
@@ -194,7 +208,8 @@ def _spawn_trainer(
         rc, name, maker_names, algorithm.trainer_models, algorithm=algorithm.name,
         buffer_limit=rc.buffer_limit or algorithm.batches, callbacks=build_callbacks(cfg.callbacks) + list(callbacks),
         temperature=cfg.generation.temperature if cfg.generation.do_sample else 1.0,
-        optim_fn=algorithm.optim_fn, max_grad_norm=cfg.actor_optim.max_grad_norm, tokenizer_fn=TokenizerFn(algorithm.maker_models.tokenizer, cfg.model.chat_template),
+        optim_fn=algorithm.optim_fn, max_grad_norm=cfg.actor_optim.max_grad_norm,
+        tokenizer_fn=TokenizerFn(algorithm.maker_models.tokenizer, cfg.model.chat_template),
         seed=cfg.run.seed, max_staleness=rc.max_staleness, call_timeout_s=rc.call_timeout_s, experience_timeout_s=rc.experience_timeout_s,
         max_maker_restarts=rc.max_restarts * rc.num_makers, log_dir=str(run_dir), use_wandb=cfg.logging.wandb,
         show_progress=cfg.logging.progress, save_dir=str(run_dir), save_interval=cfg.loop.save_interval,
@@ -218,6 +233,9 @@ def _write_summary(run_dir: Path, before: dict | None, after: dict | None, summa
     if after is not None:
         with open(run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"step": summary["steps"], "split": "eval", "time": time.time(), "eval_name": "eval", **after}) + "\n")
-    result = {"run_dir": str(run_dir), "final_model": str(run_dir / "checkpoints" / "final" / "actor"), "eval_before": before, "eval": after, "steps": summary["steps"], "ray": summary}
+    result = {
+        "run_dir": str(run_dir), "final_model": str(run_dir / "checkpoints" / "final" / "actor"),
+        "eval_before": before, "eval": after, "steps": summary["steps"], "ray": summary,
+    }
     (run_dir / "ray_summary.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     return result

@@ -53,7 +53,8 @@ def load_reward(source: RewardSource, tokenizer: Any, dtype: str = "float32", tr
     """The reward model alone, or the weighted sum of the reward functions (and the model)."""
     neural = None
     if source.model is not None:
-        neural = RewardModel.from_pretrained(resolve_model_path(source.model), pad_token_id=tokenizer.pad_token_id, dtype=dtype, trust_remote_code=trust_remote_code)
+        neural = RewardModel.from_pretrained(resolve_model_path(source.model), pad_token_id=tokenizer.pad_token_id, dtype=dtype,
+                                             trust_remote_code=trust_remote_code)
         neural = neural.eval().requires_grad_(False)
     if not source.functions:
         return neural

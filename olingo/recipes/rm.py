@@ -64,7 +64,8 @@ class RMConfig(StrictModel):
     """Reward-model training (`olingo rm`)."""
 
     run: RunConfig = Field(default_factory=lambda: RunConfig(name="rm"), description="run directory, seed, resume")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="model to train (rm: a causal LM gets a new value head; a saved reward model continues)")
+    model: ModelConfig = Field(default_factory=ModelConfig, description=(
+        "model to train (rm: a causal LM gets a new value head; a saved reward model continues)"))
     data: RMDataConfig = Field(default_factory=RMDataConfig, description="preference data")
     train: RMTrainConfig = Field(default_factory=RMTrainConfig, description="optimisation")
     plugin: PluginConfig = Field(default_factory=PluginConfig, description="parallel strategy")
@@ -95,7 +96,8 @@ def run_rm(
     # 3. data, validated before any training
     check_room_for_text(tokenizer, cfg.data.max_length, "data.max_length")
     def dataset(sources: list[str]):
-        return build_preference_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid, overlong=cfg.data.overlong, length_key="data.max_length")
+        return build_preference_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid,
+                                        overlong=cfg.data.overlong, length_key="data.max_length")
 
     train_set, eval_set = dataset(cfg.data.train), (dataset(cfg.data.eval) if cfg.data.eval else None)
 

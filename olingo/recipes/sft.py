@@ -84,7 +84,8 @@ def run_sft(
     # 3. data, validated before any training
     check_room_for_text(tokenizer, cfg.data.max_length, "data.max_length")
     def dataset(sources: list[str]):
-        return build_sft_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid, overlong=cfg.data.overlong, length_key="data.max_length")
+        return build_sft_dataset([resolve_path(s) for s in sources], tokenizer, cfg.data.max_length, skip_invalid=cfg.data.skip_invalid,
+                                 overlong=cfg.data.overlong, length_key="data.max_length")
 
     train_set, eval_set = dataset(cfg.data.train), (dataset(cfg.data.eval) if cfg.data.eval else None)
 

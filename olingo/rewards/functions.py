@@ -64,7 +64,10 @@ class RewardFunction:
     required: frozenset[str]
     positional: frozenset[str]
 
-    def values(self, prompts: Sequence[str], responses: Sequence[str], gt_answers: Sequence[str | None], row_fields: Mapping[str, Sequence[Any]] | None = None) -> torch.Tensor:
+    def values(
+        self, prompts: Sequence[str], responses: Sequence[str], gt_answers: Sequence[str | None],
+        row_fields: Mapping[str, Sequence[Any]] | None = None,
+    ) -> torch.Tensor:
         """(B,) float64 validated values, unweighted; RewardError names the function and row."""
         fields = self._select(row_fields or {})
         if not prompts:
@@ -80,7 +83,9 @@ class RewardFunction:
             values.append(self._number(value, i, p))
         return torch.tensor(values, dtype=torch.float64)
 
-    def _batched_values(self, prompts: Sequence[str], responses: Sequence[str], gt_answers: Sequence[str | None], fields: dict[str, Sequence[Any]]) -> torch.Tensor:
+    def _batched_values(
+        self, prompts: Sequence[str], responses: Sequence[str], gt_answers: Sequence[str | None], fields: dict[str, Sequence[Any]]
+    ) -> torch.Tensor:
         try:
             result = self.fn(list(prompts), list(responses), list(gt_answers), **{k: list(v) for k, v in fields.items()})
         except Exception as err:
@@ -89,9 +94,11 @@ class RewardFunction:
         if getattr(result, "ndim", None) == 1 and hasattr(result, "tolist"):  # a tensor or an array
             result = result.tolist()
         if not isinstance(result, list | tuple):
-            raise RewardError(f"reward function '{self.name}' returned {_describe(result)} for {len(prompts)} rows, expected a list of {len(prompts)} numbers, one per row (it is called batched)")
+            raise RewardError(f"reward function '{self.name}' returned {_describe(result)} for {len(prompts)} rows, "
+                              f"expected a list of {len(prompts)} numbers, one per row (it is called batched)")
         if len(result) != len(prompts):
-            raise RewardError(f"reward function '{self.name}' returned {len(result)} values for {len(prompts)} rows; a batched reward function returns one number per row")
+            raise RewardError(f"reward function '{self.name}' returned {len(result)} values for {len(prompts)} rows; "
+                              "a batched reward function returns one number per row")
         return torch.tensor([self._number(v, i, prompts[i]) for i, v in enumerate(result)], dtype=torch.float64)
 
     def _number(self, value: Any, row: int, prompt: str) -> float:
@@ -123,13 +130,16 @@ class RewardFunction:
         """How its form was decided, for messages."""
         if getattr(self.fn, BATCHED_ATTR, None) is not None:
             return f"batched={self.batched} from its {BATCHED_ATTR} attribute"
-        return "batched: its first parameter is 'prompts'" if self.batched else "single-row: its first parameter is not named 'prompts' and it is not marked @batched"
+        if self.batched:
+            return "batched: its first parameter is 'prompts'"
+        return "single-row: its first parameter is not named 'prompts' and it is not marked @batched"
 
     def _select(self, row_fields: Mapping[str, Sequence[Any]]) -> dict[str, Sequence[Any]]:
         missing = self.required - row_fields.keys()
         if missing:
             have = ", ".join(sorted(row_fields)) or "none"
-            raise RewardError(f"reward function '{self.name}' needs the row field(s) {', '.join(sorted(missing))}, which the prompt rows lack (their extra fields: {have})")
+            raise RewardError(f"reward function '{self.name}' needs the row field(s) {', '.join(sorted(missing))}, "
+                              f"which the prompt rows lack (their extra fields: {have})")
         return {k: v for k, v in row_fields.items() if k not in self.positional and (self.fields is None or k in self.fields)}
 
 
@@ -292,7 +302,8 @@ class CompositeReward:
         bad = (~torch.isfinite(out)).nonzero()
         if len(bad):
             row = int(bad[0])
-            raise RewardError(f"neural reward '{self.neural_name}' returned {out[row].item()} for row {row} (prompt {_shorten(prompts[row])}); rewards must be finite")
+            raise RewardError(f"neural reward '{self.neural_name}' returned {out[row].item()} for row {row} "
+                              f"(prompt {_shorten(prompts[row])}); rewards must be finite")
         return out
 
     # The trainer moves reward models around (offloading): follow the neural term, if any.

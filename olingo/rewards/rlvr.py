@@ -55,6 +55,9 @@ class RLVRRewardModel(CompositeReward):
         """From `{spec: weight}` (the config's form)."""
         return cls(list(functions), list(functions.values()))
 
-    def score_texts(self, prompts: Sequence[str], responses: Sequence[str], gt_answers: Sequence[str | None], row_fields: Mapping[str, Sequence[Any]] | None = None) -> torch.Tensor:
+    def score_texts(
+        self, prompts: Sequence[str], responses: Sequence[str], gt_answers: Sequence[str | None],
+        row_fields: Mapping[str, Sequence[Any]] | None = None,
+    ) -> torch.Tensor:
         """(B,) float32 rewards: sum_k w_k * fn_k(...); `score` gives each term as well."""
         return self.score(prompts, responses, gt_answers, row_fields).total

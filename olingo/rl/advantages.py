@@ -82,48 +82,48 @@ def compute_gae(
 # Rows are grouped contiguously: rows g*G .. g*G+G-1 answer prompt g (`repeat_interleave`).
 
 
-def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+def _groups(scores: torch.Tensor, num_generations: int) -> torch.Tensor:
     """(B,) -> (B/G, G), refusing a batch that is not whole groups."""
-    if group_size < 1 or scores.dim() != 1 or scores.numel() % group_size:
-        raise ValueError(f"scores of shape {tuple(scores.shape)} are not whole groups of {group_size}")
-    return scores.view(-1, group_size)
+    if num_generations < 1 or scores.dim() != 1 or scores.numel() % num_generations:
+        raise ValueError(f"scores of shape {tuple(scores.shape)} are not whole groups of {num_generations}")
+    return scores.view(-1, num_generations)
 
 
-def group_mean(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+def group_mean(scores: torch.Tensor, num_generations: int) -> torch.Tensor:
     """Each row's group mean reward, (B,) -> (B,)."""
-    return _groups(scores, group_size).mean(dim=-1).repeat_interleave(group_size)
+    return _groups(scores, num_generations).mean(dim=-1).repeat_interleave(num_generations)
 
 
-def grpo_advantages(scores: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantages(scores: torch.Tensor, num_generations: int, eps: float = 1e-6) -> torch.Tensor:
     """GRPO (Shao et al. 2024, DeepSeekMath, section 4.1.2): A_i = (r_i - mean(r)) / (std(r) + eps).
 
-    scores: (B,) sequence rewards, B = groups x `group_size` (G >= 2). Returns (B,). std is
+    scores: (B,) sequence rewards, B = groups x `num_generations` (G >= 2). Returns (B,). std is
     the unbiased one (n - 1), as in TRL and verl. A group whose rewards are all equal gets 0.
     """
-    groups = _groups(scores, group_size)
-    if group_size < 2:
+    groups = _groups(scores, num_generations)
+    if num_generations < 2:
         raise ValueError("grpo advantages need at least 2 responses per prompt (the std of one is undefined)")
     centred = groups - groups.mean(dim=-1, keepdim=True)
     return (centred / (groups.std(dim=-1, keepdim=True) + eps)).flatten()
 
 
-def dr_grpo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+def dr_grpo_advantages(scores: torch.Tensor, num_generations: int) -> torch.Tensor:
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like Training", eq. 3): A_i = r_i - mean(r).
 
     No division by the group std, which up-weights groups that are nearly all right or all
     wrong. scores: (B,) -> (B,).
     """
-    groups = _groups(scores, group_size)
+    groups = _groups(scores, num_generations)
     return (groups - groups.mean(dim=-1, keepdim=True)).flatten()
 
 
-def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+def rloo_advantages(scores: torch.Tensor, num_generations: int) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024, "Back to Basics", eq. 6): A_i = r_i - mean of the other G-1
     rewards = G / (G - 1) * (r_i - mean(r)). scores: (B,) -> (B,); G >= 2."""
-    if group_size < 2:
+    if num_generations < 2:
         raise ValueError("rloo advantages need at least 2 responses per prompt (a leave-one-out baseline)")
-    groups = _groups(scores, group_size)
-    others = (groups.sum(dim=-1, keepdim=True) - groups) / (group_size - 1)
+    groups = _groups(scores, num_generations)
+    others = (groups.sum(dim=-1, keepdim=True) - groups) / (num_generations - 1)
     return (groups - others).flatten()
 
 
@@ -148,12 +148,12 @@ def reward_to_go(rewards: torch.Tensor, action_mask: torch.Tensor, gamma: float 
 
 
 def reinforce_pp_advantages(
-    rewards: torch.Tensor, scores: torch.Tensor, action_mask: torch.Tensor, group_size: int | None = None,
+    rewards: torch.Tensor, scores: torch.Tensor, action_mask: torch.Tensor, num_generations: int | None = None,
     all_reduce_sum: AllReduceSum | None = None,
 ) -> torch.Tensor:
     """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach"): the reward-to-go
     of the per-token rewards (KL penalty at every token, score at the last) with gamma 1,
-    whitened over the whole global batch. With `group_size` (the "baseline" variant) the group
+    whitened over the whole global batch. With `num_generations` (the "baseline" variant) the group
     mean score is subtracted first: every token of a response sees its terminal score in the
     reward-to-go, so subtracting it there equals subtracting it from the score.
 
@@ -161,8 +161,8 @@ def reinforce_pp_advantages(
     (B, A). `all_reduce_sum` makes the whitening statistics those of every rank's batch.
     """
     returns = reward_to_go(rewards, action_mask)
-    if group_size is not None:
-        returns = returns - group_mean(scores, group_size).to(returns.dtype).unsqueeze(-1)
+    if num_generations is not None:
+        returns = returns - group_mean(scores, num_generations).to(returns.dtype).unsqueeze(-1)
     return masked_whiten(returns, action_mask, all_reduce_sum=all_reduce_sum)
 
 

@@ -83,7 +83,7 @@ class WordProblemTask:
         return {"prompt": f"{question} {self.instruction}", "gt_answer": str(answer)}
 
 
-def _distinct(draw, count: int, taken: set[str]) -> list[dict[str, str]]:  # noqa: ANN001 - () -> row
+def _distinct(draw, count: int, taken: set[str]) -> list[dict[str, str]]:  # draw: () -> row
     """`count` rows from `draw` whose prompts are not in `taken` nor repeated (`taken` is updated)."""
     rows: list[dict[str, str]] = []
     while len(rows) < count:

@@ -9,6 +9,7 @@ _EXPORTS = {
     "PPOTrainer": "olingo.trainer.ppo",
     "GRPOTrainer": "olingo.trainer.grpo",
     "OLTrainer": "olingo.trainer.online",
+    "OnlineTrainer": "olingo.trainer.online_trainer",
     "SLTrainer": "olingo.trainer.supervised",
     "SFTTrainer": "olingo.trainer.sft",
     "RewardModelTrainer": "olingo.trainer.rm",

@@ -3,14 +3,14 @@
 `GRPOLearner` owns the actor (booster, optimizer, scheduler) and the `GroupPolicyLoss`. One
 optimizer step, as the maths reads:
     1. count the step's loss units (tokens for token_mean, responses otherwise) over every
-       micro-batch and every data-parallel rank (`step_units`)
+       micro-batch and every data-parallel rank (`step_share`)
     2. per micro-batch: the loss share = sum of its token losses / that count, times the world
        size (data parallelism averages gradients over ranks), plus the ptx LM loss when asked;
        backward
     3. clip, optimizer and scheduler step
 So batch 8 x accumulation 1, batch 2 x accumulation 4 and 2 ranks x batch 4 give the gradient
 of one batch of 8 (docs/algorithms.md, "The loss"). Shared by `GRPOTrainer` and Ray's
-`DetachedGRPOTrainer`.
+`DetachedGRPOTrainer` through `olingo.trainer.learner.learn_step`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from pydantic import Field
 
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.config import StrictModel
+from olingo.engines import GenerationSettings
 from olingo.experience_maker import Experience, policy_logits
+from olingo.experience_maker.group import GroupExperienceConfig
 from olingo.rl.kl import KLEstimator
 from olingo.rl.logprobs import GPTLMLoss, entropy_from_logits, log_probs_from_logits
 from olingo.rl.masked import masked_mean
 from olingo.rl.policy_loss import GroupPolicyLoss, LossAggregation, loss_units
-from olingo.trainer.learner import TrainedModel, tis_weights
+from olingo.trainer.learner import StepShare, TrainedModel, tis_weights
 
 # Stats that are shares of the step's loss: summed over micro-batches and ranks, not averaged.
 SUMMED_STATS = ("policy_loss", "kl_loss")
@@ -38,13 +40,20 @@ class GRPOLossConfig(StrictModel):
 
     eps_low: float = Field(0.2, gt=0, lt=1, description="lower ratio clip: the ratio is kept above 1 - eps_low")
     eps_high: float = Field(0.2, gt=0, description="upper ratio clip: below 1 + eps_high (DAPO clip-higher: 0.28)")
-    dual_clip: float | None = Field(None, gt=1, description="dual clip c: a token with negative advantage loses at most c x |A| (null: off; 3 in Ye et al. 2020)")
+    dual_clip: float | None = Field(
+        None, gt=1,
+        description="dual clip c: a token with negative advantage loses at most c x |A| (null: off; 3 in Ye et al. 2020)",
+    )
     aggregation: LossAggregation = Field(
         "token_mean", description="token_mean: over every token of the step (DAPO); seq_mean_token_mean: per response, then over "
         "responses (GRPO); seq_mean_token_sum_norm: token sums / max_new_tokens, over responses (Dr. GRPO)",
     )
     ptx_coef: float = Field(0.0, ge=0, le=1, description="weight of the pretraining LM loss (needs data.pretrain); the policy loss gets 1 - ptx_coef")
-    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling for a separate rollout engine (vllm): each token's policy loss x min(pi_old / pi_engine, tis_cap) (null: off; about 2 in Yao et al. 2025)")
+    tis_cap: float | None = Field(
+        None, gt=0,
+        description="truncated importance sampling for a separate rollout engine (vllm): "
+        "each token's policy loss x min(pi_old / pi_engine, tis_cap) (null: off; about 2 in Yao et al. 2025)",
+    )
 
 
 class GRPOLearner(TrainedModel):
@@ -71,13 +80,33 @@ class GRPOLearner(TrainedModel):
         self.ptx_loss_fn, self.apply_loss_mask = GPTLMLoss(), apply_loss_mask
         self.device = booster.device
 
+    @classmethod
+    def build(
+        cls, booster: Booster, actor: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any, loss: GRPOLossConfig, experience: GroupExperienceConfig,
+        generation: GenerationSettings, *, apply_loss_mask: bool = True,
+    ) -> GRPOLearner:
+        """From the `loss:` section, the KL term of the `experience:` section (a loss term only with
+        kl_penalty "loss") and the generation limit (Dr. GRPO's normaliser)."""
+        return cls(
+            booster, actor, optim, scheduler, loss, kl_coef=experience.kl_coef, kl_estimator=experience.estimator_name,
+            kl_in_loss=experience.kl_penalty == "loss", max_length=generation.max_new_tokens, apply_loss_mask=apply_loss_mask,
+        )
+
     @property
     def actor(self) -> torch.nn.Module:
         return self.model
 
     @property
+    def tis_cap(self) -> float | None:
+        return self.loss.tis_cap
+
+    @property
     def ptx_coef(self) -> float:
         return self.loss.ptx_coef
+
+    @ptx_coef.setter
+    def ptx_coef(self, value: float) -> None:
+        self.loss.ptx_coef = value
 
     def train(self) -> None:
         self.model.train()
@@ -85,18 +114,19 @@ class GRPOLearner(TrainedModel):
     def eval(self) -> None:
         self.model.eval()
 
-    def step_units(self, minibatches: list[Experience]) -> torch.Tensor:
+    def step_share(self, micro_batches: list[Experience]) -> StepShare:
         """Loss units of one optimizer step: its micro-batches on every rank (float32 scalar)."""
-        units = sum(loss_units(mb.action_mask, self.loss.aggregation) for mb in minibatches)
-        return self.booster.plugin.all_reduce_sum(torch.as_tensor(units, dtype=torch.float32, device=self.device))
+        units = sum(loss_units(mb.action_mask, self.loss.aggregation) for mb in micro_batches)
+        return StepShare(len(micro_batches), self.booster.plugin.all_reduce_sum(torch.as_tensor(units, dtype=torch.float32, device=self.device)))
 
     def training_step(
-        self, experience: Experience, units: torch.Tensor, micro_batches: int, temperature: float = 1.0, ptx_batch: dict[str, Any] | None = None,
+        self, experience: Experience, share: StepShare, temperature: float = 1.0, ptx_batch: dict[str, Any] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Forward and backward of one micro-batch's share of the step; its detached stats.
 
-        `units`: `step_units` of the step; `micro_batches`: how many share it (the ptx loss,
-        a mean per micro-batch, is divided by it); `temperature`: the rollout's."""
+        `share`: `step_share` of the step (its units normalise the policy loss; the ptx loss, a
+        mean per micro-batch, is divided by its micro-batch count); `temperature`: the rollout's."""
+        units, micro_batches = share.units, share.micro_batches
         if experience.advantages is None:
             raise ValueError("experience without advantages: pass it through the maker's finish() first")
         mask, num_actions = experience.action_mask, experience.num_actions

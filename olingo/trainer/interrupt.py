@@ -87,7 +87,7 @@ def disarm() -> None:
         _stop_at.pop()
 
 
-def stop_requested(plugin=None) -> int | None:  # noqa: ANN001 - an olingo.booster Plugin
+def stop_requested(plugin=None) -> int | None:  # an olingo.booster Plugin
     """The stop signal if this process, or with a distributed `plugin` any rank, received one.
 
     Every rank must stop after the same optimizer step (they checkpoint together), so under

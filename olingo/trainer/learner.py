@@ -1,14 +1,27 @@
-"""What every learner shares: one trained model with its booster, optimizer and scheduler.
+"""The learn half of online RL: the `Learner` interface and the one learn step every loop runs.
+
+A learner owns what is trained (models, optimizers, schedulers) and its losses. The PPO learner
+(actor and critic) and the GRPO-family learner (actor only) both implement `Learner`, and
+`learn_step` is the single optimizer step that the local loop (`OnlineTrainer`) and Ray's
+trainer actors (`olingo.ray`) run with them:
+
+    share = learner.step_share(micro_batches)          what each micro-batch's loss is a share of
+    for each micro-batch (gradient sync on the last only):
+        stats += learner.training_step(micro_batch, share, temperature, ptx batch)   backward
+    metrics = learner.optimizer_step(stats)             clip, step, schedule; train/* metrics
 
 `TrainedModel` steps, checkpoints and (for data parallelism) suspends gradient sync for one
-model; the PPO and GRPO learners are built from it. `tis_weights` is the truncated importance
-sampling both policy losses apply to a separate engine's rollouts.
+model; the learners are built from it. `tis_weights` is the truncated importance sampling both
+policy losses apply to a separate engine's rollouts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -16,6 +29,56 @@ from olingo.booster import Booster, OptimizerWrapper
 from olingo.experience_maker import Experience
 from olingo.rl.kl import truncated_is_weights
 from olingo.trainer.checkpoint import load_trained, save_trained
+
+
+@dataclass
+class StepShare:
+    """What one micro-batch's loss is a share of: the optimizer step it belongs to.
+
+    `micro_batches`: how many micro-batches the step has on this rank. `units`: the step's
+    loss units (tokens or responses) summed over its micro-batches and every rank, float32
+    scalar, for losses normalised by the whole step (the GRPO family); None for losses that
+    average per micro-batch (PPO: each loss is scaled by 1 / micro_batches)."""
+
+    micro_batches: int
+    units: torch.Tensor | None = None
+
+
+class Learner(Protocol):
+    """What a loop needs from the learn half (see the module docstring)."""
+
+    ptx_coef: float  # weight of the pretraining LM loss; > 0 makes the loop draw pretrain batches
+
+    def train(self) -> None: ...
+    def eval(self) -> None: ...
+    def no_sync(self) -> Any: ...
+    def step_share(self, micro_batches: list[Experience]) -> StepShare: ...
+    def training_step(
+        self, experience: Experience, share: StepShare, temperature: float, ptx_batch: dict[str, Any] | None = None
+    ) -> dict[str, torch.Tensor]: ...
+    def optimizer_step(self, stats: list[dict[str, torch.Tensor]]) -> dict[str, float]: ...
+    def save(self, directory: Path) -> None: ...
+    def load(self, directory: Path) -> None: ...
+
+
+def learn_step(
+    learner: Learner, micro_batches: list[Experience], temperature: float, next_ptx_batch: Callable[[], Any] | None = None,
+    around_micro_batch: Callable[[Experience], Any] | None = None,
+) -> dict[str, float]:
+    """One optimizer step on `micro_batches` (already on the learner's device): the share,
+    forward/backward of each (data-parallel gradients averaged on the last only), the step.
+
+    `temperature`: the one the rollouts were sampled at. `next_ptx_batch`: draws the pretrain
+    batch of each micro-batch (None: no ptx loss). `around_micro_batch(experience)`: a context
+    manager around each micro-batch (the loop's learn-batch hooks)."""
+    share = learner.step_share(micro_batches)
+    stats = []
+    for i, experience in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with nullcontext() if last else learner.no_sync(), around_micro_batch(experience) if around_micro_batch else nullcontext():
+            ptx_batch = next_ptx_batch() if next_ptx_batch is not None else None
+            stats.append(learner.training_step(experience, share, temperature, ptx_batch))
+    return learner.optimizer_step(stats)
 
 
 def check_boosted(name: str, optim: Any) -> None:

@@ -1,4 +1,5 @@
-"""`OLTrainer`: the online (RL) loop skeleton with its ten online hooks and the loop hooks.
+"""`OLTrainer`: the online (RL) loop skeleton with its ten online hooks and the loop hooks;
+`OnlineTrainer` (olingo/trainer/online_trainer.py) is its one concrete trainer.
 
 The loop, as the hooks see it (docs/callbacks.md, "Order in a PPO run", has the full order):
 
@@ -12,7 +13,7 @@ The loop, as the hooks see it (docs/callbacks.md, "Order in a PPO run", has the 
         for collect_step in range(num_collect_steps):
             on_make_experience_start(); exp = _make_experience(collect_step); on_make_experience_end(exp)
             buffer.append(exp)
-        for update_step in range(num_update_steps):      PPO epochs over the buffer
+        for update_step in range(num_update_steps):      passes over the buffer (PPO epochs, mu)
             on_learn_epoch_start(update_step)
             per minibatch: on_learn_batch_start(); train; on_learn_batch_end(exp)
             after every `accumulation_steps` minibatches: optimizer step -> on_step_end(state, step, ...)
@@ -124,7 +125,7 @@ class OLTrainer(ABC):
 
     @abstractmethod
     def _learn(self, update_step: int) -> None:
-        """One PPO epoch over the buffer (fires the learn-batch hooks and `_after_step`)."""
+        """One pass over the buffer (fires the learn-batch hooks and `_after_step`)."""
 
     @abstractmethod
     def _write_checkpoint(self, directory: Path) -> None:

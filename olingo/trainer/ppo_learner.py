@@ -5,8 +5,8 @@ et al. 2017) plus the optional ptx LM loss. `CriticLearner` owns the critic: cli
 times `vf_coef`. `PPOLearner` runs them together, minibatch by minibatch, and is shared by
 `PPOTrainer` (one process makes and learns) and `olingo.ray`'s `DetachedPPOTrainer` (experience
 from remote makers), so both train with exactly the same maths. A learner without a critic
-builds, steps and checkpoints none. Each loss is scaled by `loss_scale` (1 / minibatches per
-optimizer step) before backward.
+builds, steps and checkpoints none. Each loss is scaled by 1 / (micro-batches of the optimizer
+step) before backward. It implements `olingo.trainer.learner.Learner`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from olingo.experience_maker import Experience, action_values, policy_logits
 from olingo.rl.logprobs import GPTLMLoss, entropy_from_logits, log_probs_from_logits
 from olingo.rl.masked import explained_variance, masked_mean
 from olingo.rl.policy_loss import PolicyLoss, ValueLoss
-from olingo.trainer.learner import TrainedModel, tis_weights
+from olingo.trainer.learner import StepShare, TrainedModel, tis_weights
 
 
 class PPOLossConfig(StrictModel):
@@ -34,7 +34,11 @@ class PPOLossConfig(StrictModel):
     value_clip: float = Field(0.2, gt=0, description="value clip around the rollout-time values")
     vf_coef: float = Field(1.0, ge=0, description="value-loss weight")
     ptx_coef: float = Field(0.0, ge=0, le=1, description="weight of the pretraining LM loss (needs data.pretrain); the policy loss gets 1 - ptx_coef")
-    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling for a separate rollout engine (vllm): each token's policy loss x min(pi_old / pi_engine, tis_cap) (null: off; about 2 in Yao et al. 2025)")
+    tis_cap: float | None = Field(
+        None, gt=0,
+        description="truncated importance sampling for a separate rollout engine (vllm): "
+        "each token's policy loss x min(pi_old / pi_engine, tis_cap) (null: off; about 2 in Yao et al. 2025)",
+    )
 
 
 class PolicyLearner(TrainedModel):
@@ -113,7 +117,10 @@ class PPOLearner:
               loss: PPOLossConfig | None = None, *, apply_loss_mask: bool = True) -> PPOLearner:
         """From the pieces `booster.boost` returned; `critic=None` builds no critic learner."""
         loss = loss or PPOLossConfig()
-        policy = PolicyLearner(actor_booster, actor, actor_optim, actor_scheduler, eps_clip=loss.eps_clip, ptx_coef=loss.ptx_coef, apply_loss_mask=apply_loss_mask, tis_cap=loss.tis_cap)
+        policy = PolicyLearner(
+            actor_booster, actor, actor_optim, actor_scheduler,
+            eps_clip=loss.eps_clip, ptx_coef=loss.ptx_coef, apply_loss_mask=apply_loss_mask, tis_cap=loss.tis_cap,
+        )
         if critic is None:
             return cls(policy)
         return cls(policy, CriticLearner(critic_booster, critic, critic_optim, critic_scheduler, value_clip=loss.value_clip, vf_coef=loss.vf_coef))
@@ -126,6 +133,18 @@ class PPOLearner:
     @property
     def critic(self) -> torch.nn.Module | None:
         return self.critic_learner.model if self.critic_learner is not None else None
+
+    @property
+    def ptx_coef(self) -> float:
+        return self.policy.ptx_coef
+
+    @property
+    def tis_cap(self) -> float | None:
+        return self.policy.tis_cap
+
+    @ptx_coef.setter
+    def ptx_coef(self, value: float) -> None:
+        self.policy.ptx_coef = value
 
     def _learners(self) -> list[TrainedModel]:
         return [self.policy] + ([self.critic_learner] if self.critic_learner is not None else [])
@@ -145,10 +164,15 @@ class PPOLearner:
             stack.enter_context(learner.no_sync())
         return stack
 
+    def step_share(self, micro_batches: list[Experience]) -> StepShare:
+        """PPO's losses are means per micro-batch: each is 1 / micro-batches of the step."""
+        return StepShare(len(micro_batches))
+
     def training_step(
-        self, experience: Experience, loss_scale: float, temperature: float = 1.0, ptx_batch: dict[str, torch.Tensor] | None = None
+        self, experience: Experience, share: StepShare, temperature: float = 1.0, ptx_batch: dict[str, torch.Tensor] | None = None
     ) -> dict[str, torch.Tensor]:
-        """Policy (+ptx) and, with a critic, value losses of one minibatch; backward x `loss_scale`."""
+        """Policy (+ptx) and, with a critic, value losses of one micro-batch; backward x its share."""
+        loss_scale = 1.0 / share.micro_batches
         actor_loss, skip, stats = self.policy.losses(experience, temperature, ptx_batch)
         skip = self.any_rank(skip)
         # A skipped minibatch still runs backward (times 0) so data-parallel ranks stay in step.
@@ -163,11 +187,13 @@ class PPOLearner:
     def any_rank(self, flag: bool) -> bool:
         return bool(self.policy.booster.plugin.all_reduce_sum(torch.tensor(float(flag), device=self.device)) > 0)
 
-    def optimizer_step(self, stats: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Step every optimizer and scheduler; `train/*` metrics of the step averaged over ranks."""
+    def optimizer_step(self, stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+        """Step every optimizer and scheduler; `train/*` metrics of the step: the mean over its
+        micro-batches, averaged over ranks."""
         steps = [learner.step() for learner in self._learners()]
-        names = list(stats)
-        values = self.policy.booster.plugin.all_reduce_mean(torch.stack([stats[n].float() for n in names])).tolist()
+        names = list(stats[0])
+        means = [torch.stack([s[n] for s in stats]).mean() for n in names]
+        values = self.policy.booster.plugin.all_reduce_mean(torch.stack([m.float() for m in means])).tolist()
         metrics = {f"train/{n}": v for n, v in zip(names, values, strict=True)}
         for step in steps:
             metrics.update(step)

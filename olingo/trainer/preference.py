@@ -207,7 +207,9 @@ class OfflinePreferenceTrainer(SLTrainer):
         """Which tokens count: the response's (loss mask) or, with apply_loss_mask=False, all."""
         return batch[f"{prefix}loss_mask" if self.apply_loss_mask else f"{prefix}attention_mask"]
 
-    def _reference(self, batch: dict[str, torch.Tensor], columns: Sequence[str], input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _reference(
+        self, batch: dict[str, torch.Tensor], columns: Sequence[str], input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
+    ) -> torch.Tensor:
         """Reference log-probs of these rows (R,): the batch's precomputed `columns`, concatenated
         in order, when it has them; else a live reference forward of the inputs."""
         if columns[0] in batch:

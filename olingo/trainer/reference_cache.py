@@ -122,7 +122,10 @@ class ReferencePrecompute:
             values = self._compute(dataset, collate, missing)
             table.update({keys[i]: tuple(row) for i, row in zip(missing, values.tolist(), strict=True)})
             self._write(table)
-        logger.info("reference log-probs of %d rows: %d read from %s, %d computed (%d distinct)", len(keys), cached, self.cache_file or "-", len(keys) - cached, len(missing))
+        logger.info(
+            "reference log-probs of %d rows: %d read from %s, %d computed (%d distinct)",
+            len(keys), cached, self.cache_file or "-", len(keys) - cached, len(missing),
+        )
         return table
 
     def _compute(self, dataset: Sequence[Any], collate: Callable, rows: list[int]) -> torch.Tensor:

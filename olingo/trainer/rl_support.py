@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from olingo.dataset.sampler import CyclicLoader
 from olingo.engines import sync_engine
-from olingo.trainer.ppo_eval import evaluate_policy
+from olingo.trainer.online_eval import evaluate_policy
 from olingo.trainer.utils import rng_state, set_rng_state
 
 
@@ -53,7 +53,9 @@ def held_out_eval(trainer: Any, maker: Any) -> dict[str, float] | None:
         return plugin.all_reduce_sum(totals.to(trainer.device)).cpu()
 
     with trainer.actor_booster.gathered(trainer.actor):  # ranks may hold different numbers of eval batches
-        metrics, samples = evaluate_policy(maker, trainer.eval_dataloader, trainer.eval_generation, accuracy_fn=trainer.accuracy_fn, all_reduce_sum=all_reduce_sum)
+        metrics, samples = evaluate_policy(
+            maker, trainer.eval_dataloader, trainer.eval_generation, accuracy_fn=trainer.accuracy_fn, all_reduce_sum=all_reduce_sum
+        )
     trainer.engine_sync.after_rollout()
     if trainer.state.output_dir is not None and trainer.coordinator.is_master:
         out = trainer.state.output_dir / "eval"
@@ -64,8 +66,9 @@ def held_out_eval(trainer: Any, maker: Any) -> dict[str, float] | None:
 
 
 def save_policy_extras(directory: Path, tokenizer: Any, coordinator: Any, state: dict[str, Any]) -> None:
-    """The tokenizer beside the actor, this rank's RNG, and (rank 0) `trainer_state.json`."""
-    if coordinator.is_master:
+    """The tokenizer beside the actor (when there is one), this rank's RNG, and (rank 0)
+    `trainer_state.json`: what local training and Ray's trainer actors write beside the learner."""
+    if coordinator.is_master and tokenizer is not None:
         tokenizer.save_pretrained(str(directory / "actor"))
     torch.save(rng_state(), directory / f"rng_rank{coordinator.rank}.pt")
     if coordinator.is_master:
@@ -127,22 +130,3 @@ class EngineSync:
         """Let the engine free its accelerator memory while the trainer learns (sleep mode)."""
         if self.separate:
             self.engine.sleep()
-
-
-def merge_keywords(cls: type, config: Any, config_name: str, keywords: dict[str, tuple[Any, Any]]) -> Any:
-    """A typed config from the trainer's flat keywords and an optional config object.
-
-    `keywords`: field -> (keyword value, keyword default). Without `config` the keywords fill
-    the fields. With one, a keyword left at its default defers to the config, and a keyword set
-    to something else must agree with it: two different values for one setting are an error,
-    never a silent choice. The result is validated (ranges) either way."""
-    if config is None:
-        return cls.model_validate({field: value for field, (value, _) in keywords.items()})
-    update = {}
-    for field, (value, default) in keywords.items():
-        if value == default or value == getattr(config, field):
-            continue
-        if getattr(config, field) != cls.model_fields[field].default:
-            raise ValueError(f"{field}={value!r} (keyword) disagrees with {config_name}.{field}={getattr(config, field)!r}: set it in one place")
-        update[field] = value
-    return cls.model_validate({**config.model_dump(), **update})

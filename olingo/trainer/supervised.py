@@ -165,7 +165,10 @@ class SLTrainer(ABC):
         (a resumed run may have another world size or batch size than the one that saved)."""
         global_batch = self._global_batch_size()
         if samples % global_batch:
-            logger.warning("resuming after %d samples, not a multiple of the global batch %d: the next batch starts at sample %d", samples, global_batch, samples)
+            logger.warning(
+                "resuming after %d samples, not a multiple of the global batch %d: the next batch starts at sample %d",
+                samples, global_batch, samples,
+            )
         return samples // global_batch
 
     def _train_group(self, group: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

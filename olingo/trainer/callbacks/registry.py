@@ -67,7 +67,7 @@ def _load_entry_points() -> None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             register_callback(ep.name)(ep.load())
-        except Exception as err:  # noqa: BLE001 - a third-party import can raise anything
+        except Exception as err:  # a third-party import can raise anything
             logger.error("callback entry point '%s = %s' skipped: %s", ep.name, ep.value, err)
 
 

@@ -11,7 +11,7 @@
 | `early_stopping`                   | `EarlyStopping`     | nothing; calls `state.request_stop()`                |
 | `rollout_samples`                  | `RolloutSamples`    | `samples.jsonl`: decoded rollouts at step 1, then every N steps (PPO, GRPO) |
 | `performance`                      | `PerformanceEvaluator` | `perf.json`: generation vs learning time, throughput (PPO) |
-| `local_logger`                     | `LocalLogger` (in `olingo.experiment.local_logger`) | `evals.jsonl`, `predictions/`, `result.json`, `summary.md`; `<exp>/experiment.md` |
+| `local_logger` | `LocalLogger` (in `olingo.experiment.local_logger`) | `evals.jsonl`, `predictions/`, `result.json`, `summary.md`; `<exp>/experiment.md` |
 | `debug_logger`                     | `DebugLogger`       | `hooks.jsonl`: every hook call in order               |
 
 Every module of this package is imported here so that importing the package registers all of

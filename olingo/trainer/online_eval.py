@@ -1,5 +1,5 @@
 """Held-out evaluation of a policy: sample responses to eval prompts, score them, compare to the
-reference model. Used in-loop by `PPOTrainer` and for the demo's before/after table."""
+reference model. Used in-loop by `OnlineTrainer` (PPO, the GRPO family), by Ray makers and for the demo's before/after table."""
 
 from __future__ import annotations
 

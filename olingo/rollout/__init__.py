@@ -1,0 +1,12 @@
+"""Where rollouts come from: the `RolloutSource` interface and its implementations.
+
+A source turns a batch of prompt rows into responses sampled by the policy, as token ids with
+the mask of the tokens the policy produced (docs/architecture.md, "Rollout sources"). The
+experience makers score what a source returns, estimate advantages and hand it to the learner;
+a new kind of rollout (a multi-turn environment, an external agent) is a new source, and neither
+the learners nor the loop change.
+"""
+
+from olingo.rollout.source import PromptBatch, RolloutSource, SampledBatch, SingleTurnSource
+
+__all__ = ["PromptBatch", "RolloutSource", "SampledBatch", "SingleTurnSource"]
