@@ -82,13 +82,16 @@ def merge_batches(batches: Sequence[Experience], pad_token_id: int, limit: int =
     width = max(b.num_prompt_tokens for b in batches)
     actions = max(b.num_actions for b in batches)
     prompt_lengths = _cat([b.attention_mask[:, : b.num_prompt_tokens].bool().sum(-1) for b in batches])
-    response_lengths = _cat([b.action_mask.sum(-1) for b in batches])
+    response_lengths = _cat([_sampled_span(b.action_mask) for b in batches])
+    sampled = _cat([_widen(b.action_mask, 0, actions - b.num_actions, False) for b in batches])
     sequences = _cat([_widen(b.sequences, width - b.num_prompt_tokens, actions - b.num_actions, pad_token_id) for b in batches])
     per_token = {name: _cat([_widen(getattr(b, name), 0, actions - b.num_actions, 0) for b in batches]) for name in batches[0].per_token_fields}
     keep = slice(-limit if 0 < limit < sequences.shape[0] else None, None)
     prompt_lengths, response_lengths = prompt_lengths[keep], response_lengths[keep]
     attention = _span_mask(width - prompt_lengths, width + response_lengths, width + actions)
-    action = _span_mask(torch.zeros_like(response_lengths), response_lengths, actions)
+    # Inside each response only the tokens the policy sampled are actions: a multi-turn
+    # episode's environment tokens stay attended (context) and never become trained tokens.
+    action = _span_mask(torch.zeros_like(response_lengths), response_lengths, actions) & sampled[keep]
     merged = Experience(
         sequences=torch.where(attention, sequences[keep], pad_token_id),
         attention_mask=attention.long(),
@@ -101,6 +104,12 @@ def merge_batches(batches: Sequence[Experience], pad_token_id: int, limit: int =
     )
     versions = [b.policy_version for b in batches for _ in range(b.batch_size)][keep]
     return PaddedRows(merged, prompt_lengths.tolist(), response_lengths.tolist(), versions)
+
+
+def _sampled_span(action_mask: torch.Tensor) -> torch.Tensor:
+    """(N, A) bool -> (N,) long: one past each row's last sampled token (its response length)."""
+    columns = torch.arange(1, action_mask.shape[1] + 1, device=action_mask.device)
+    return (action_mask * columns).amax(-1)
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:

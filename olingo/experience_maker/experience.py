@@ -114,9 +114,12 @@ class BufferItem:
 
     Attributes:
         prompt: (P_i,) long, the real prompt tokens.
-        response: (A_i,) long, the response up to and including the stop token.
+        response: (A_i,) long, the response up to and including its last sampled token (the stop
+            token of a single turn; in a multi-turn episode, environment tokens between turns too).
         per_token: each per-token field of the batch (`Experience.per_token_fields`) as an (A_i,) tensor.
         score, raw_score: () float. truncated: () bool. policy_version: int.
+        action_mask: (A_i,) bool, the response tokens the policy sampled, when not all of them are
+            (a multi-turn episode: environment tokens are False); None: every token was sampled.
     """
 
     prompt: torch.Tensor
@@ -126,6 +129,7 @@ class BufferItem:
     raw_score: torch.Tensor
     truncated: torch.Tensor
     policy_version: int
+    action_mask: torch.Tensor | None = None
 
 
 def split_experience_batch(experience: Experience) -> list[BufferItem]:
@@ -139,7 +143,8 @@ def split_experience_batch(experience: Experience) -> list[BufferItem]:
     prompt_lengths = prompt_mask.sum(-1)
     suffix = torch.arange(num_prompt, device=prompt_mask.device) >= (num_prompt - prompt_lengths).unsqueeze(-1)
     contiguous = bool((suffix == prompt_mask).all())
-    lengths = experience.action_mask.sum(-1).tolist()
+    columns = torch.arange(1, experience.num_actions + 1, device=experience.action_mask.device)
+    lengths = (experience.action_mask * columns).amax(-1).tolist()  # one past the last sampled token (0: none)
     fields = {name: getattr(experience, name).unbind(0) for name in experience.per_token_fields}
     rows = experience.sequences.unbind(0)
     items = []
@@ -153,6 +158,7 @@ def split_experience_batch(experience: Experience) -> list[BufferItem]:
                 raw_score=experience.raw_score[i],
                 truncated=experience.truncated[i],
                 policy_version=experience.policy_version,
+                action_mask=None if bool(experience.action_mask[i, :a].all()) else experience.action_mask[i, :a],
             )
         )
     return items
@@ -185,9 +191,10 @@ def make_experience_batch(items: list[BufferItem], pad_token_id: int = 0) -> Exp
         sequences[i, num_prompt - p : num_prompt] = item.prompt
         sequences[i, num_prompt : num_prompt + a] = item.response
         attention_mask[i, num_prompt - p : num_prompt + a] = 1
-        action_mask[i, :a] = True
+        action_mask[i, :a] = True if item.action_mask is None else item.action_mask
         for name in names:
             per_token[name][i, :a] = item.per_token[name]
+    per_token = {name: torch.where(action_mask, values, values.new_zeros(())) for name, values in per_token.items()}  # 0 off the actions
     return Experience(
         sequences=sequences,
         attention_mask=attention_mask,

@@ -48,6 +48,7 @@ from olingo.experience_maker.maker import CollectedBatch
 from olingo.experience_maker.scoring import (
     ScoredRollout,
     action_log_probs,
+    add_source_reward,
     score_rollout,
     to_model_device,
 )
@@ -187,7 +188,7 @@ class GroupExperienceMaker:
         if self.reference is not None:
             ref_log_probs = self._log_probs(self.reference, rollout, temperature).to(device)
         scored = score_rollout(self.reward, self.tokenizer, prompts.input_ids, rollout, prompts.gt_answers, prompts.row_fields, log_probs, ref_log_probs)
-        return dataclasses.replace(scored, engine_log_probs=policy.engine, engine_info=policy.info)
+        return dataclasses.replace(add_source_reward(scored, sampled), engine_log_probs=policy.engine, engine_info=policy.info)
 
     def _log_probs(self, model: nn.Module, rollout: Any, temperature: float) -> torch.Tensor:
         """log pi(response tokens) under `model`, `logits_forward_batch_size` rows at a time: (B, A)."""
@@ -231,6 +232,7 @@ class GroupExperienceMaker:
             **experience_info(experience),
             "group_reward_std": _mean_group_std(scored.raw_score.float(), self.num_generations),
             **scored.engine_info,
+            **scored.source_info,
         }
         experience.info.update({f"reward/{name}": float(v.float().mean()) for name, v in scored.reward_terms.items()})
         self.last_samples = scored.samples()

@@ -41,6 +41,7 @@ from olingo.experience_maker.scoring import (
     ScoredRollout,
     action_log_probs,
     action_values,
+    add_source_reward,
     score_rollout,
     to_model_device,
 )
@@ -143,7 +144,8 @@ class PPOExperienceMaker:
         `row_fields`: the prompt rows' extra fields (`{field: B values}`), for reward functions."""
         settings = generation or self.generation
         device = next(self.actor.parameters()).device
-        rollout = self.source.sample(PromptBatch(input_ids, attention_mask, gt_answers, row_fields).to(device), settings).rollout
+        sampled = self.source.sample(PromptBatch(input_ids, attention_mask, gt_answers, row_fields).to(device), settings)
+        rollout = sampled.rollout
         seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
         temperature = settings.temperature if settings.do_sample else 1.0
         policy = policy_log_probs(
@@ -155,7 +157,7 @@ class PPOExperienceMaker:
         else:
             ref_log_probs = action_log_probs(self.initial_model, *to_model_device(self.initial_model, seq, mask), num_actions, temperature).to(device)
         scored = score_rollout(self.reward_model, self.tokenizer, input_ids, rollout, gt_answers, row_fields, log_probs, ref_log_probs)
-        return dataclasses.replace(scored, engine_log_probs=policy.engine, engine_info=policy.info)
+        return dataclasses.replace(add_source_reward(scored, sampled), engine_log_probs=policy.engine, engine_info=policy.info)
 
     @torch.no_grad()
     def make_experience(
@@ -186,7 +188,7 @@ class PPOExperienceMaker:
             score=score, raw_score=scored.raw_score, truncated=rollout.truncated,
             policy_version=policy_version, engine_log_probs=scored.engine_log_probs if self.carry_engine_log_probs else None,
         )
-        experience.info = {**experience_info(experience), "kl_coef": self.kl_ctl.value, **scored.engine_info}
+        experience.info = {**experience_info(experience), "kl_coef": self.kl_ctl.value, **scored.engine_info, **scored.source_info}
         experience.info.update({f"reward/{name}": float(values.float().mean()) for name, values in scored.reward_terms.items()})
         self.last_samples = scored.samples()
         self.kl_ctl.update(*self._global_kl(experience.info["kl"], experience.batch_size))

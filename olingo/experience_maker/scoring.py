@@ -64,6 +64,9 @@ class ScoredRollout:
     """(B, A): the log-probs a separate rollout engine reported (see `engine_logprobs`)."""
     engine_info: dict[str, float] = dataclasses.field(default_factory=dict)
     """The engine/trainer mismatch metrics of this rollout, logged as `rollout/engine_*`."""
+    source_info: dict[str, float] = dataclasses.field(default_factory=dict)
+    """What the rollout source measured (multi-turn episodes: turns, errors, tokens by role),
+    logged as `rollout/<name>`."""
 
     def samples(self) -> list[dict[str, Any]]:
         """One JSON-ready dict per rollout: prompt, response, gt_answer, reward, truncated."""
@@ -106,6 +109,18 @@ def score_rollout(
     else:
         raw_score = reward(*to_model_device(reward, seq, mask)).float().to(device)
     return ScoredRollout(rollout, log_probs, ref_log_probs, raw_score, prompts, responses, gt_answers, terms)
+
+
+def add_source_reward(scored: ScoredRollout, sampled: Any) -> ScoredRollout:
+    """The rollout source's own reward (an environment's step rewards, summed per episode) added
+    to the reward functions' and logged as the term `environment`, with the source's metrics."""
+    info = dict(getattr(sampled, "info", None) or {})
+    env_rewards = getattr(sampled, "env_rewards", None)
+    if env_rewards is None:
+        return dataclasses.replace(scored, source_info=info)
+    env_rewards = env_rewards.to(scored.raw_score.device, scored.raw_score.dtype)
+    terms = {**scored.reward_terms, "environment": env_rewards}
+    return dataclasses.replace(scored, raw_score=scored.raw_score + env_rewards, reward_terms=terms, source_info=info)
 
 
 def to_model_device(model: nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

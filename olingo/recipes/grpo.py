@@ -35,7 +35,7 @@ from olingo.recipes.common import (
     resolve_model_path,
 )
 from olingo.recipes.grpo_config import GRPOConfig, check_grpo_config
-from olingo.recipes.online import load_prompt_data, online_trainer, resume_and_fit, rollouts
+from olingo.recipes.online import environment_source, load_prompt_data, online_trainer, resume_and_fit, rollouts
 from olingo.recipes.rewards import load_reward, probe_user_functions
 from olingo.rewards.functions import CompositeReward
 from olingo.trainer.callbacks import Callback, LogContext
@@ -91,6 +91,7 @@ def build_trainer(cfg: GRPOConfig, setup: RunSetup, models: GRPOModels, callback
     maker = GroupExperienceMaker(
         setup.booster.unwrap(actor), models.reward, models.reference, models.tokenizer, config=cfg.experience, generation=sampling.generation,
         engine=sampling.engine, all_reduce_sum=setup.plugin.all_reduce_sum,
+        source=environment_source(cfg, sampling.engine, setup.booster.unwrap(actor), models.tokenizer),
     )
     learner = GRPOLearner.build(setup.booster, actor, optim, scheduler, cfg.loss, cfg.experience, sampling.generation)
     return online_trainer(cfg, setup, learner, maker, models.tokenizer, (models.reference, models.reward), sampling.eval_generation, callbacks)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from olingo.config import ConfigError, StrictModel
 from olingo.experience_maker.group import GroupExperienceConfig
@@ -23,7 +23,7 @@ from olingo.recipes.common import (
     PluginConfig,
     RunConfig,
 )
-from olingo.recipes.online_config import GenerationSection, PromptDataConfig
+from olingo.recipes.online_config import EnvironmentConfig, GenerationSection, PromptDataConfig
 from olingo.recipes.rewards import RewardSource
 from olingo.trainer.grpo_learner import GRPOLossConfig
 from olingo.trainer.online_config import OnlineLoopConfig
@@ -82,6 +82,7 @@ class GRPOConfig(StrictModel):
     )
     data: PromptDataConfig = Field(default_factory=PromptDataConfig, description="prompts")
     generation: GenerationSection = Field(default_factory=GenerationSection, description="rollout sampling")
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="multi-turn episodes with an environment or tools (docs/agents.md)")
     experience: GroupExperienceConfig = Field(
         default_factory=GroupExperienceConfig,
         description="groups, advantage estimator, KL, dynamic sampling, overlong punishment",
@@ -93,6 +94,11 @@ class GRPOConfig(StrictModel):
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="loggers")
     callbacks: list[CallbackSpec] = Field(default_factory=list, description="extra callbacks, [{kind, params}]")
     ray: RayConfig = Field(default_factory=RayConfig, description="detached mode on Ray (rollout workers and trainer as actors)")
+
+    @model_validator(mode="after")
+    def _some_reward(self) -> GRPOConfig:
+        self.reward.check_present(self.environment.name)
+        return self
 
 
 def check_grpo_config(cfg: GRPOConfig) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from olingo.dataset import SFTCollator, build_sft_dataset
 from olingo.dataset.prompts import PromptCollator, build_prompt_dataset
-from olingo.engines import GenerationSettings, RolloutEngine
+from olingo.engines import GenerationSettings, HFEngine, RolloutEngine
 from olingo.recipes.common import (
     RunSetup,
     build_callbacks,
@@ -51,6 +51,14 @@ def rollouts(cfg: Any, setup: RunSetup, tokenizer: Any, stop_token_ids: list[int
     settings = gen.settings(stop_token_ids)
     eval_settings = gen.settings(stop_token_ids, temperature=loop.eval_temperature) if loop.eval_temperature is not None else settings
     return Rollouts(engine, settings, eval_settings)
+
+
+def environment_source(cfg: Any, engine: RolloutEngine | None, actor: Any, tokenizer: Any) -> Any:
+    """With an `environment:` named, the multi-turn source sampling through `engine` (default:
+    transformers `generate` on the policy); None for single-turn completions."""
+    if cfg.environment.name is None:
+        return None
+    return cfg.environment.source(engine or HFEngine(actor, tokenizer), tokenizer)
 
 
 def online_trainer(

@@ -4,7 +4,7 @@ engine with how it samples (`generation:`). The loop section (`loop:`) is
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -56,3 +56,30 @@ class GenerationSection(StrictModel):
         replace fields (evaluation's temperature, greedy decoding)."""
         fields = {**self.model_dump(exclude={"engine", "vllm"}), **overrides}
         return GenerationSettings(**{**fields, "stop_strings": fields["stop_strings"] or None, "stop_token_ids": list(stop_token_ids)})
+
+
+class EnvironmentConfig(StrictModel):
+    """Multi-turn episodes (docs/agents.md): an environment answers each assistant turn with tool
+    results or observations until it says the episode is done. Unset: single-turn completions."""
+
+    name: str | None = Field(
+        None, description="the environment: a registered name or package.module:Class (null: single-turn completions, no environment)",
+    )
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments the environment class is built with (once per episode)")
+    max_turns: int = Field(4, ge=1, description="assistant turns per episode at most")
+    max_new_tokens: int = Field(256, ge=1, description="sampled tokens per assistant turn at most (also capped by generation.max_new_tokens)")
+    max_episode_tokens: int = Field(
+        1024, ge=1, description="response tokens of a whole episode, sampled and environment ones; a turn or reply past it ends the episode",
+    )
+    step_timeout_s: float = Field(30.0, gt=0, description="seconds an environment's reset or step may take; past it the episode ends with reward 0")
+
+    def source(self, engine: Any, tokenizer: Any) -> Any:
+        """The `MultiTurnSource` of this section on `engine` (None when no environment is named)."""
+        if self.name is None:
+            return None
+        from olingo.rollout.environment import resolve_environment
+        from olingo.rollout.multi_turn import EpisodeLimits, MultiTurnSource
+
+        cls, params = resolve_environment(self.name), dict(self.params)
+        limits = EpisodeLimits(self.max_turns, self.max_new_tokens, self.max_episode_tokens)
+        return MultiTurnSource(engine, tokenizer, lambda: cls(**params), limits, tokenizer.pad_token_id, self.step_timeout_s)

@@ -42,7 +42,7 @@ from olingo.recipes.common import (
     optimizer_and_schedule,
     resolve_model_path,
 )
-from olingo.recipes.online import load_prompt_data, online_trainer, resume_and_fit, rollouts
+from olingo.recipes.online import environment_source, load_prompt_data, online_trainer, resume_and_fit, rollouts
 from olingo.recipes.ppo_config import PPOConfig, PPOModelConfig, RewardConfig  # noqa: F401 - importable from here as before
 from olingo.recipes.rewards import load_reward, probe_user_functions
 from olingo.rewards.functions import CompositeReward
@@ -107,6 +107,7 @@ def build_trainer(cfg: PPOConfig, setup: RunSetup, models: PPOModels, callbacks:
     maker = PPOExperienceMaker(
         setup.booster.unwrap(actor), critic_booster.unwrap(critic), models.reward, models.reference, models.tokenizer, config=cfg.experience,
         shaping=cfg.reward, engine=sampling.engine, generation=sampling.generation, all_reduce_sum=setup.plugin.all_reduce_sum,
+        source=environment_source(cfg, sampling.engine, setup.booster.unwrap(actor), models.tokenizer),
     )
     return online_trainer(cfg, setup, learner, maker, models.tokenizer, (models.reference, models.reward), sampling.eval_generation, callbacks)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from olingo.config import StrictModel
 from olingo.experience_maker.config import ExperienceConfig, RewardShaping
@@ -23,7 +23,7 @@ from olingo.recipes.common import (
     PluginConfig,
     RunConfig,
 )
-from olingo.recipes.online_config import GenerationSection, PromptDataConfig
+from olingo.recipes.online_config import EnvironmentConfig, GenerationSection, PromptDataConfig
 from olingo.recipes.rewards import RewardSource
 from olingo.trainer.online_config import OnlineLoopConfig
 from olingo.trainer.ppo_learner import PPOLossConfig
@@ -68,6 +68,7 @@ class PPOConfig(StrictModel):
     reward: RewardConfig = Field(default_factory=lambda: RewardConfig(functions={"arithmetic_exact": 1.0}), description="reward model or functions")
     data: PromptDataConfig = Field(default_factory=PromptDataConfig, description="prompts")
     generation: GenerationSection = Field(default_factory=GenerationSection, description="rollout sampling")
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="multi-turn episodes with an environment or tools (docs/agents.md)")
     experience: ExperienceConfig = Field(default_factory=ExperienceConfig, description="KL penalty, advantages, whitening (the experience maker's settings)")
     loss: PPOLossConfig = Field(default_factory=PPOLossConfig, description="policy, value and ptx losses")
     loop: OnlineLoopConfig = Field(default_factory=OnlineLoopConfig, description="episodes, batch sizes, checkpoints, evaluation")
@@ -77,3 +78,8 @@ class PPOConfig(StrictModel):
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="loggers")
     callbacks: list[CallbackSpec] = Field(default_factory=list, description="extra callbacks, [{kind, params}]")
     ray: RayConfig = Field(default_factory=RayConfig, description="detached mode on Ray (rollout workers and trainer as actors)")
+
+    @model_validator(mode="after")
+    def _some_reward(self) -> PPOConfig:
+        self.reward.check_present(self.environment.name)
+        return self

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from olingo.config import StrictModel
 from olingo.dataset.errors import DataError
@@ -40,10 +40,13 @@ class RewardSource(StrictModel):
         "each term is logged as rollout/reward/<name>",
     )
 
-    @model_validator(mode="after")
-    def _a_source(self) -> RewardSource:
-        if self.model is None and not self.functions:
-            raise ValueError("set reward.model (a reward-model directory), reward.functions ({name: weight}), or both")
+    def check_present(self, environment: str | None) -> None:
+        """Some reward must exist: this section's, or an environment's (`environment.name`)."""
+        if self.model is None and not self.functions and environment is None:
+            raise ValueError(
+                "set reward.model (a reward-model directory), reward.functions ({name: weight}), or both "
+                "(or name an environment: its rewards may be the only ones)"
+            )
         for spec in self.functions:
             resolve_reward(spec)  # an unknown name or a path that does not import fails here, before any loading
         return self
@@ -56,8 +59,8 @@ def load_reward(source: RewardSource, tokenizer: Any, dtype: str = "float32", tr
         neural = RewardModel.from_pretrained(resolve_model_path(source.model), pad_token_id=tokenizer.pad_token_id, dtype=dtype,
                                              trust_remote_code=trust_remote_code)
         neural = neural.eval().requires_grad_(False)
-    if not source.functions:
-        return neural
+    if not source.functions:  # no model either: an environment's rewards are the only ones
+        return neural if neural is not None else CompositeReward((), allow_empty=True)
     return CompositeReward(source.functions, neural=neural, neural_weight=source.model_weight)
 
 

@@ -236,6 +236,8 @@ class CompositeReward:
             `(sequences, attention_mask)`; it returns (B,) scores.
         neural_weight: the neural term's weight.
         neural_name: the neural term's name in `RewardScores.terms`.
+        allow_empty: no terms at all is allowed (every score 0): the reward of multi-turn
+            episodes may come from their environment alone.
     """
 
     def __init__(
@@ -245,9 +247,10 @@ class CompositeReward:
         neural: NeuralScorer | Any | None = None,
         neural_weight: float = 1.0,
         neural_name: str = "model",
+        allow_empty: bool = False,
     ) -> None:
         pairs = list(functions.items()) if isinstance(functions, Mapping) else list(functions)
-        if not pairs and neural is None:
+        if not pairs and neural is None and not allow_empty:  # allowed where an environment rewards the episodes
             raise RewardError("no reward terms: give reward functions, a neural reward, or both")
         if neural is not None and not callable(neural) and not callable(getattr(neural, "score", None)):
             raise RewardError(f"the neural reward must be callable or have a score method, got {type(neural).__name__}")

@@ -59,8 +59,10 @@ def compute_gae(
 
     rewards, values, action_mask: (B, A), the mask right-padded. Returns (advantages, returns),
     both (B, A): delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1},
-    returns = A + V. Rewards and values are masked first, so V and A after the last real token
-    are 0: the episode ends there and nothing is bootstrapped from padding.
+    returns = A + V, where t+1 is the next column the mask marks: the recursion runs over the
+    policy's tokens only (a multi-turn episode's environment tokens are skipped, not steps). V and
+    A after the last masked token are 0: the episode ends there and nothing is bootstrapped from
+    padding.
     """
     mask = action_mask.bool()
     rewards = torch.where(mask, rewards, torch.zeros_like(rewards))
@@ -70,8 +72,12 @@ def compute_gae(
     advantages = []
     for t in reversed(range(rewards.shape[-1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        next_advantage = delta + gamma * lam * next_advantage
-        next_value = values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        # An unmasked column (padding, or an environment's tokens between two turns of a
+        # multi-turn episode) is not a step of the policy: the recursion passes over it, so the
+        # last token of a turn bootstraps from the first token of the next turn.
+        next_advantage = torch.where(mask[:, t], advantage, next_advantage)
+        next_value = torch.where(mask[:, t], values[:, t], next_value)
         advantages.append(next_advantage)
     advantages = torch.stack(advantages[::-1], dim=-1)
     zeros = torch.zeros_like(advantages)

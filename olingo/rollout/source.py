@@ -64,6 +64,10 @@ class SampledBatch:
     """The responses in the shared sequence layout (docs/engines.md): (N, P + A)."""
     prompts: PromptBatch
     """The N prompt rows, each repeated for its n responses."""
+    env_rewards: torch.Tensor | None = None
+    """(N,) float: each episode's summed environment step rewards (`MultiTurnSource`); else None."""
+    info: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Metrics of the batch's episodes (`MultiTurnSource`: turns, ends, tokens, seconds); else empty."""
 
 
 class RolloutSource(Protocol):

@@ -1,0 +1,215 @@
+"""Environments for multi-turn episodes: the `Environment` protocol, the `EnvStep` it answers
+with, a registry of environments by name, and the runner that calls them concurrently.
+
+An episode starts from one dataset row: `reset(row)` gets the row's `gt_answer` and its other
+fields (its first context is the row's own prompt, already chat-templated, so reset adds no
+tokens), then each `step(assistant_text)` answers the policy's turn with messages, a reward and
+whether the episode is done. Either method may be `async def`.
+
+Naming an environment (a *spec*):
+    "calculator"              a registered name (`@register_environment("calculator")`)
+    "my_pkg.envs:Calculator"  the class `Calculator` of module `my_pkg.envs` (imported)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from olingo.config_errors import did_you_mean
+from olingo.errors import OlingoError
+from olingo.rewards.registry import one_line
+
+T = TypeVar("T", bound=type)
+R = TypeVar("R")
+
+
+@dataclass
+class EnvStep:
+    """The environment's answer to one assistant turn."""
+
+    messages: list[dict] = field(default_factory=list)
+    """The reply: tool results `{"role": "tool", "content": ...}` or user/observation turns."""
+    reward: float = 0.0
+    """This step's reward; an episode's reward is the sum over its steps."""
+    done: bool = False
+    """True ends the episode (its reply, if any, is not rendered)."""
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """One episode's environment. Either method may be `async def`."""
+
+    def reset(self, row: dict) -> Any:
+        """Start an episode for one dataset row: `{"gt_answer": ..., **the row's other fields}`."""
+        ...
+
+    def step(self, assistant: str) -> Any:
+        """The policy's assistant turn as text -> an `EnvStep` (or an awaitable of one)."""
+        ...
+
+
+class EnvironmentSpecError(OlingoError, ValueError):
+    """An environment name or import path that names no environment class."""
+
+
+# ---- registry ------------------------------------------------------------------------------
+ENVIRONMENTS: dict[str, type] = {}  # registered name -> class
+_PATH_EXAMPLE = "'package.module:Class'"
+
+
+def register_environment(name: str) -> Callable[[T], T]:
+    """Class decorator: register an environment under `name` (no ':', which marks import paths)."""
+    if not name or ":" in name or name != name.strip():
+        raise EnvironmentSpecError(f"bad environment name {name!r}: a registered name is non-empty, without ':' or surrounding spaces")
+
+    def register(cls: T) -> T:
+        taken = ENVIRONMENTS.get(name)
+        # Re-importing (or reloading) the defining module registers the same class again.
+        if taken is not None and _qualified(taken) != _qualified(cls):
+            raise EnvironmentSpecError(f"environment name '{name}' is taken by {_qualified(taken)}; register {_qualified(cls)} under another name")
+        ENVIRONMENTS[name] = cls
+        return cls
+
+    return register
+
+
+BUILTIN_ENVIRONMENTS = {"arithmetic_retry": "olingo.rollout.retry:RetryArithmetic"}  # imported when named
+
+
+def resolve_environment(spec: str) -> type:
+    """The class a spec names: a registered or built-in name, or 'package.module:Class' (imported)."""
+    if ":" in spec:
+        return _import_class(spec)
+    if spec in BUILTIN_ENVIRONMENTS and spec not in ENVIRONMENTS:
+        return _import_class(BUILTIN_ENVIRONMENTS[spec])
+    if spec in ENVIRONMENTS:
+        return ENVIRONMENTS[spec]
+    hint = did_you_mean(spec, [*ENVIRONMENTS, *BUILTIN_ENVIRONMENTS])
+    if not hint and "." in spec:  # 'my_pkg.envs.Calculator' is a common way to mean a path
+        module, _, attr = spec.rpartition(".")
+        hint = f" (did you mean '{module}:{attr}'?)"
+    registered = ", ".join(sorted({*ENVIRONMENTS, *BUILTIN_ENVIRONMENTS}))
+    raise EnvironmentSpecError(f"unknown environment '{spec}'{hint}; registered: {registered}; name a class of your own by its import path, {_PATH_EXAMPLE}")
+
+
+def _import_class(spec: str) -> type:
+    """The class at 'package.module:Class'."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise EnvironmentSpecError(f"environment '{spec}': expected an import path {_PATH_EXAMPLE}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # not found, or its own code failed
+        raise EnvironmentSpecError(f"environment '{spec}': importing '{module_name}' failed: {one_line(err)} (is its directory on PYTHONPATH?)") from err
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            choices = [n for n in dir(obj) if not n.startswith("_") and inspect.isclass(getattr(obj, n, None))]
+            raise EnvironmentSpecError(f"environment '{spec}': '{module_name}' has no attribute '{attr}'{did_you_mean(part, choices)}")
+        obj = getattr(obj, part)
+    if not inspect.isclass(obj):
+        raise EnvironmentSpecError(f"environment '{spec}' is {type(obj).__name__}, not a class")
+    return obj
+
+
+def _qualified(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
+# ---- checking what an environment returns -------------------------------------------------
+def check_step(result: Any, env: Any, row: int) -> EnvStep:
+    """`result` if it is a well-formed `EnvStep`, else a one-line ValueError naming the
+    environment class and the row: a wrong return is a programming error and stops the run."""
+    where = f"environment {type(env).__name__} (row {row})"
+    if not isinstance(result, EnvStep):
+        raise ValueError(f"{where}: step must return an EnvStep, got {type(result).__name__}")
+    if not isinstance(result.messages, list):
+        raise ValueError(f"{where}: EnvStep.messages must be a list of {{'role', 'content'}} dicts, got {type(result.messages).__name__}")
+    for message in result.messages:
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str) and "content" in message):
+            raise ValueError(f"{where}: EnvStep.messages must be a list of {{'role', 'content'}} dicts, got {one_line_repr(message)}")
+    if isinstance(result.reward, bool) or not isinstance(result.reward, (int, float)):
+        raise ValueError(f"{where}: EnvStep.reward must be a number, got {type(result.reward).__name__}")
+    return result
+
+
+def one_line_repr(value: Any, limit: int = 80) -> str:
+    """`repr(value)` on one line, cut to `limit` characters."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---- running environment calls concurrently -----------------------------------------------
+class EnvFailure:
+    """What an environment call that raised or timed out gives instead of its result."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"EnvFailure({one_line(self.error)})"
+
+
+def call_all(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float) -> list[Any]:
+    """Run `fn(*args)` for every call concurrently, each bounded by `timeout_s` seconds.
+
+    Returns the results in order; a call that raised or ran past its timeout gives an
+    `EnvFailure`. Plain functions run in a thread pool, `async def` ones on an event loop. A
+    plain call past its timeout cannot be stopped: its thread is left to finish on its own
+    (the pool is not waited for), so a step that never returns keeps one thread.
+    """
+    if not calls:
+        return []
+    pool = ThreadPoolExecutor(max_workers=min(32, len(calls)), thread_name_prefix="olingo-env")
+    try:
+        return _run_coroutine(_gather(calls, timeout_s, pool))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _gather(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float, pool: ThreadPoolExecutor) -> list[Any]:
+    results = await asyncio.gather(*(_call(fn, args, timeout_s, pool) for fn, args in calls), return_exceptions=True)
+    return [EnvFailure(r) if isinstance(r, BaseException) else r for r in results]
+
+
+async def _call(fn: Callable[..., Any], args: tuple, timeout_s: float, pool: ThreadPoolExecutor) -> Any:
+    """One call, async or not, within `timeout_s` (a sync function that returns an awaitable
+    has it awaited in the time left)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    if inspect.iscoroutinefunction(fn):
+        return await asyncio.wait_for(fn(*args), timeout_s)
+    result = await asyncio.wait_for(loop.run_in_executor(pool, fn, *args), timeout_s)
+    if inspect.isawaitable(result):
+        result = await asyncio.wait_for(result, max(0.0, deadline - loop.time()))
+    return result
+
+
+def _run_coroutine(coroutine: Coroutine[Any, Any, R]) -> R:
+    """Run `coroutine` to completion, also from code that is itself inside a running event loop
+    (a notebook, an async actor), where `asyncio.run` refuses: there it runs on a fresh thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coroutine)
+        except BaseException as err:  # handed to the caller's thread below
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name="olingo-env-loop")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
