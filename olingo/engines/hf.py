@@ -137,7 +137,7 @@ def _sampled_log_probs(step_logits: tuple[torch.Tensor, ...], responses: torch.T
     The raw (unprocessed) logits, divided by the temperature and nothing else: the same
     distribution `policy_logits` defines, so the PPO ratio compares like with like.
     """
-    temperature = settings.temperature if settings.do_sample else 1.0
+    temperature = settings.log_prob_temperature
     logits = torch.stack(step_logits, dim=1).float()
     if temperature != 1.0:
         logits = logits / temperature

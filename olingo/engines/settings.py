@@ -53,6 +53,12 @@ class GenerationSettings:
             if not all(self.stop_strings):
                 raise ValueError("stop_strings must not contain the empty string")
 
+    @property
+    def log_prob_temperature(self) -> float:
+        """The temperature log-probs of the sampled tokens are taken at: the sampling one, or 1
+        for greedy decoding (no distribution was sampled from)."""
+        return self.temperature if self.do_sample else 1.0
+
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> GenerationSettings:
         """Settings from keyword arguments; an unknown key is a TypeError with a did-you-mean."""

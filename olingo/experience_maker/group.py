@@ -44,7 +44,7 @@ from olingo.experience_maker.experience import (
     make_experience_batch,
     split_experience_batch,
 )
-from olingo.experience_maker.maker import CollectedBatch
+from olingo.experience_maker.maker import CollectedBatch, SourceBacked
 from olingo.experience_maker.scoring import (
     ScoredRollout,
     action_log_probs,
@@ -104,7 +104,7 @@ def check_reference(kl_coef: float, reference: nn.Module | None) -> None:
         raise ValueError(f"kl_coef={kl_coef} needs a reference model (initial_model, model.reference); pass one, or set kl_coef=0")
 
 
-class GroupExperienceMaker:
+class GroupExperienceMaker(SourceBacked):
     """Makes experience in whole groups from prompt batches, without a critic.
 
     Args:
@@ -139,18 +139,6 @@ class GroupExperienceMaker:
         )
         self.last_samples: list[dict[str, Any]] = []
 
-    @property
-    def engine(self) -> RolloutEngine:
-        return self.source.engine
-
-    @property
-    def temperature(self) -> float:
-        return self.generation.temperature if self.generation.do_sample else 1.0
-
-    @property
-    def old_logprobs(self) -> str:
-        return self.config.old_logprobs
-
     def plan(self, pi_old_needed: bool) -> None:
         """Compute log pi_old at rollout time only when a learner step can see a policy other
         than the one that sampled (several optimizer steps or passes per batch)."""
@@ -181,7 +169,7 @@ class GroupExperienceMaker:
         device = next(self.actor.parameters()).device
         sampled = self.source.sample(PromptBatch(input_ids, attention_mask, gt_answers, row_fields).to(device), settings, n)
         rollout, prompts = sampled.rollout, sampled.prompts
-        temperature = settings.temperature if settings.do_sample else 1.0
+        temperature = settings.log_prob_temperature
         wants_old = self.reference is not None if with_old_log_probs is None else with_old_log_probs
         policy = policy_log_probs(rollout, getattr(self.engine, "shares_weights", True), lambda: self._log_probs(self.actor, rollout, temperature), wants_old)
         log_probs, ref_log_probs = policy.old(self.config.old_logprobs), None

@@ -32,6 +32,27 @@ class CollectedBatch:
     """Response tokens generated for it (dropped groups included), for tokens per second."""
 
 
+class SourceBacked:
+    """What both experience makers read the same way from their source, sampling settings and
+    config (`source`, `generation`, `config` are set by the maker)."""
+
+    source: RolloutSource
+    generation: GenerationSettings
+    config: Any
+
+    @property
+    def engine(self) -> RolloutEngine:
+        return self.source.engine
+
+    @property
+    def temperature(self) -> float:
+        return self.generation.log_prob_temperature
+
+    @property
+    def old_logprobs(self) -> str:
+        return self.config.old_logprobs
+
+
 class ExperienceMaker(Protocol):
     """The experience half of online RL (see the module docstring)."""
 

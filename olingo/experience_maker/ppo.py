@@ -36,7 +36,7 @@ from olingo.experience_maker.config import ExperienceConfig, RewardShaping
 from olingo.experience_maker.engine_logprobs import policy_log_probs
 from olingo.experience_maker.experience import Experience, experience_info
 from olingo.experience_maker.kl_controller import AdaptiveKLController, FixedKLController
-from olingo.experience_maker.maker import CollectedBatch
+from olingo.experience_maker.maker import CollectedBatch, SourceBacked
 from olingo.experience_maker.scoring import (
     ScoredRollout,
     action_log_probs,
@@ -55,7 +55,7 @@ from olingo.rollout import PromptBatch, RolloutSource, SingleTurnSource
 logger = logging.getLogger("olingo.experience")
 
 
-class PPOExperienceMaker:
+class PPOExperienceMaker(SourceBacked):
     """Makes `Experience` from prompt batches with an actor, critic, reward and reference model.
 
     Args (beyond the four models and the tokenizer; `critic=None`: no values, no returns, and
@@ -113,18 +113,6 @@ class PPOExperienceMaker:
         self.num_generations = 1  # one response per prompt
         self.last_samples: list[dict[str, Any]] = []  # texts of the last batch, for sample logs
 
-    @property
-    def engine(self) -> RolloutEngine:
-        return self.source.engine
-
-    @property
-    def temperature(self) -> float:
-        return self.generation.temperature if self.generation.do_sample else 1.0
-
-    @property
-    def old_logprobs(self) -> str:
-        return self.config.old_logprobs
-
     def plan(self, pi_old_needed: bool) -> None:
         """PPO always computes log pi_old: its per-token reward holds the KL to the reference."""
 
@@ -147,7 +135,7 @@ class PPOExperienceMaker:
         sampled = self.source.sample(PromptBatch(input_ids, attention_mask, gt_answers, row_fields).to(device), settings)
         rollout = sampled.rollout
         seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
-        temperature = settings.temperature if settings.do_sample else 1.0
+        temperature = settings.log_prob_temperature
         policy = policy_log_probs(
             rollout, getattr(self.engine, "shares_weights", True), lambda: action_log_probs(self.actor, seq, mask, num_actions, temperature), wanted=True,
         )
