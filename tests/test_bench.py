@@ -120,3 +120,47 @@ def test_engines_bench_quick_runs_both_engines_on_the_same_work(tmp_path):
             assert row["weight_sync_s"] is None and row["engine_kl"] is None, algo
     markdown = (tmp_path / "results" / "engines.md").read_text()
     assert "## Generation throughput" in markdown and "## Whole training steps" in markdown
+
+
+def test_agent_environment_writes_the_same_tokens_for_olingo_and_trl():
+    """The premise of bench/agent_bench.py: olingo's reply tokens (its delta rule on a ToolEnvironment's
+    reply) are exactly TRL's (`_get_tool_suffix_ids`: the tool turn rendered after a dummy tool-calling
+    conversation, cut at its last eos), and the scripted turn parses to one call of the tool."""
+    from bench.agent_env import TOOL_NAME, TURN, build_agent_tokenizer, tool_reply_ids
+    from bench.agent_run import lookup
+    from olingo.rollout.multi_turn import EnvDelta
+    from olingo.rollout.tools import ToolEnvironment, parse_tool_calls
+
+    tokenizer = build_agent_tokenizer()
+    env = ToolEnvironment([lookup], tokenizer=tokenizer)
+    env.reset({})
+    step = env.step(TURN)
+    olingo_ids = EnvDelta(tokenizer, [tokenizer.eos_token_id]).ids(step.messages, tokenizer.eos_token_id)
+    dummy = [{"role": "user", "content": "dummy"},
+             {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": TOOL_NAME, "arguments": {}}}]}]
+    prefix = tokenizer.apply_chat_template(dummy, tokenize=True, return_dict=False)
+    full = tokenizer.apply_chat_template(dummy + step.messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    prefix = prefix[: max(i for i, t in enumerate(prefix) if t == tokenizer.eos_token_id) + 1]
+    assert full[: len(prefix)] == prefix
+    assert olingo_ids == full[len(prefix):] == tool_reply_ids(tokenizer)
+    calls, errors = parse_tool_calls(TURN, [lookup], tokenizer)
+    assert [c.name for c in calls] == [TOOL_NAME] and errors == []
+
+
+def test_agent_runner_counts_tokens_by_role(tmp_path):
+    """The olingo side of bench/agent_bench.py end to end, on an untrained policy (a few tokens per
+    turn): every step's episodes, sampled and environment tokens are recorded and add up."""
+    from bench.agent_env import build_agent_policy, load_agent_tokenizer, tool_reply_ids, write_agent_prompts
+
+    arithmetic = workload.write_arithmetic_prompts(tmp_path, 16)
+    policy = build_agent_policy(tmp_path, arithmetic, steps=0)
+    spec = {"policy_dir": policy, "prompts": write_agent_prompts(tmp_path, arithmetic, policy), "batch_size": 2, "num_generations": 2,
+            "max_turns": 2, "max_new_tokens": 4, "max_episode_tokens": 64, "temperature": 1.0, "lr": 1e-5, "eps_low": 0.2, "eps_high": 0.2,
+            "updates": 2, "warmup_updates": 1, "seed": 0, "threads": 1, "impl": "olingo"}
+    result = run_impl(sys.executable, BENCH / "agent_run.py", spec, tmp_path / "runs", "agent")
+    assert len(result["step_times_s"]) == len(result["tokens"]) == 2 and result["peak_rss_mb"] > 50
+    reply = len(tool_reply_ids(load_agent_tokenizer(policy)))
+    for step in result["tokens"]:
+        assert step["episodes"] == 4 and step["episodes"] <= step["turns"] <= 4 * 2
+        assert step["turns"] <= step["sampled"] <= step["turns"] * 4  # 1..4 sampled tokens a turn
+        assert step["env"] % reply == 0 and step["env"] <= (step["turns"] - step["episodes"]) * reply

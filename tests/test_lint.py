@@ -41,6 +41,8 @@ def noqa_codes_outside(selected: set[str]) -> list[str]:
     found = []
     for root in LINTED:
         for path in sorted((REPO / root).rglob("*.py")):
+            if any(part.startswith(".") for part in path.relative_to(REPO).parts):
+                continue  # virtual environments (bench/.venvs) and caches: not ours, git ignores them
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
                 for match in NOQA.finditer(line):
                     for code in re.findall(r"[A-Z]+[0-9]+", match.group(1)):

@@ -169,6 +169,9 @@ def check_token_identity(tok, odd_text: str) -> None:  # noqa: F811 - the import
     assert trajectory(sampled, 0) == expected  # the sampled ids as sampled, the deltas as rendered
     assert env.seen == [tok.decode(turn, skip_special_tokens=True) for turn in turns]
     assert sampled.env_rewards.tolist() == [1.25] and sampled.info["turns_per_episode"] == 3
+    # each step reward sits on the last sampled token of the turn it answered (PPO places it there)
+    placed = sampled.turn_rewards[0]
+    assert (placed[len(turns[0]) - 1].item(), placed[len(expected) - 1].item(), placed.sum().item()) == (0.25, 1.0, 1.25)
 
 
 def test_the_trajectory_is_the_sampled_ids_and_the_template_deltas(tok):  # noqa: F811 - the imported fixture
@@ -439,3 +442,18 @@ def runs_of(mask: torch.Tensor) -> list[tuple[int, int]]:
             runs.append((start, i))
             start = None
     return runs
+
+
+def test_the_environments_rewards_enter_the_score_with_the_sections_weight(tok):  # noqa: F811 - the imported fixture
+    from olingo.recipes.online_config import EnvironmentConfig
+
+    batch = batch_of(tok, ["q"])
+    prompt = batch.input_ids[0][batch.attention_mask[0].bool()].tolist()
+    turns = [ids_of(tok, "a"), ids_of(tok, "b")]
+    env = ScriptedEnv([EnvStep(user("again"), reward=0.5), EnvStep([], reward=1.0, done=True)])
+    section = EnvironmentConfig(name="arithmetic_retry", reward_weight=0.25)
+    weighted = section.source(EpisodeEngine(tok, [prompt], [turns]), tok)
+    weighted.environment_factory = lambda: env
+    sampled = weighted.sample(batch, GenerationSettings(max_new_tokens=8))
+    assert sampled.env_rewards.tolist() == [0.375] and sampled.turn_rewards.sum().item() == 0.375  # 0.25 x (0.5 + 1.0)
+    assert sampled.info["env_reward"] == 1.5  # the metric is the environment's own sum

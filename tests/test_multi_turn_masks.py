@@ -7,7 +7,7 @@ import torch
 
 from olingo.experience_buffer import NaiveExperienceBuffer
 from olingo.experience_maker import Experience, make_experience_batch, split_experience_batch
-from olingo.rl.advantages import compute_gae
+from olingo.rl.advantages import compute_gae, per_token_rewards, place_turn_rewards
 from olingo.rl.logprobs import log_probs_from_logits
 from olingo.rl.policy_loss import GroupPolicyLoss
 
@@ -96,3 +96,35 @@ def test_gae_of_a_single_turn_is_unchanged_by_the_skipping():
         running = r[:, t] + next_v - v[:, t] + 0.95 * running
         expected[:, t] = running
     torch.testing.assert_close(advantages, expected * mask)  # the same operations in another order: 1e-5
+
+
+def test_step_rewards_land_on_the_turns_they_answered():
+    """Hand-computed: turn 1 is columns 0-1, the environment's reply columns 2-3, turn 2 columns
+    4-5, then padding. The episode's score 1.5 holds a reward function's 0.5 and the environment's
+    step rewards 0.25 (answering turn 1) and 0.75 (turn 2)."""
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0]], dtype=torch.bool)
+    steps = torch.tensor([[0.0, 0.25, 0.0, 0.0, 0.0, 0.75, 0.0]])
+    rewards = per_token_rewards(torch.tensor([1.5]), torch.zeros(1, 7), mask, kl_coef=0.1)
+    placed = place_turn_rewards(rewards, steps, mask)
+    assert placed.tolist() == [[0.0, 0.25, 0.0, 0.0, 0.0, 1.25, 0.0]]  # 0.5 + 0.75 stays at the end
+    # a score normalised by 1/std = 0.5: the environment's part moves scaled by the same factor
+    halved = place_turn_rewards(per_token_rewards(torch.tensor([0.75]), torch.zeros(1, 7), mask, kl_coef=0.1), steps, mask, scale=0.5)
+    assert halved.tolist() == [[0.0, 0.125, 0.0, 0.0, 0.0, 0.625, 0.0]]
+    assert torch.equal(placed.sum(-1), rewards.sum(-1))  # the total is unchanged (exact: binary fractions)
+    # an empty row stays all zero
+    assert place_turn_rewards(torch.zeros(1, 3), torch.zeros(1, 3), torch.zeros(1, 3, dtype=torch.bool)).tolist() == [[0.0, 0.0, 0.0]]
+
+
+def test_reward_functions_read_the_replies_between_turns_and_nothing_after_the_last():
+    """The span reward functions decode: sampled tokens and the environment's tokens between two
+    turns (attended, not actions), never the padding after the last sampled token."""
+    from olingo.engines import Rollout
+    from olingo.experience_maker.scoring import response_span
+
+    action = torch.tensor([[1, 1, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    attention = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0, 0]])  # row 1: a single turn, one attended pad after it
+    rollout = Rollout(
+        sequences=torch.zeros(2, 9, dtype=torch.long), attention_mask=torch.cat([torch.ones(2, 2, dtype=torch.long), attention], dim=1),
+        action_mask=action, truncated=torch.zeros(2, dtype=torch.bool), num_prompt_tokens=2,
+    )
+    assert response_span(rollout).tolist() == [[True] * 5 + [False] * 2, [True] * 3 + [False] * 4]

@@ -39,7 +39,7 @@ def example(marker: str) -> tuple[str, str]:
     return found[0]
 
 
-NATIVE_GRPO, NATIVE_DPO = "trainer = GRPOTrainer(config", "trainer = DPOTrainer(config"  # olingo.GRPOTrainer, ...
+NATIVE_GRPO, NATIVE_DPO = "reward_funcs=[correct]", "trainer = DPOTrainer(config"  # olingo.GRPOTrainer, ...
 COMPAT_GRPO, COMPAT_DPO = "trainer = GRPOTrainer(\n    actor_booster=", "trainer = DPOTrainer(\n    actor="  # olingo.trainer's
 
 
@@ -227,3 +227,27 @@ def test_demo_example_runs(tmp_path, monkeypatch, capsys):
     assert "pairs with implicit reward chosen > rejected" in capsys.readouterr().out
     assert len(namespace["result"].sampled) == 2 and len(namespace["result"].greedy) == 2
     assert (tmp_path / "runs" / "demo" / "demo-dpo" / "checkpoints" / "final" / "model" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_agent_quick_start_runs(tmp_path, assets, monkeypatch, capsys):
+    """The README's agent quick start on the tiny model: two episodes of multi-turn GRPO, rewarded
+    by the environment alone, with its episode metrics in the run's metrics."""
+    import json
+
+    from olingo.rollout.environment import ENVIRONMENTS
+
+    page, code = example("register_environment(\"second-try\")")
+    assert page == "README.md"
+    rows = [{"prompt": f"{a}+{b}=", "gt_answer": str(a + b)} for a in range(10) for b in range(10)]
+    code = code.replace("path/to/sft", str(assets.model_dir)).replace('"episodes": 10', '"episodes": 2')
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"rows": rows}
+    try:
+        exec(compile(code, page, "exec"), namespace)
+    finally:
+        ENVIRONMENTS.pop("second-try", None)  # registered in this process only
+    lines = [json.loads(line) for line in (tmp_path / "runs" / "agent-quickstart" / "metrics.jsonl").read_text().splitlines()]
+    turns = [row["rollout/turns_per_episode"] for row in lines if "rollout/turns_per_episode" in row]
+    assert turns and all(1.0 <= t <= 2.0 for t in turns)
+    assert "eval/reward" in capsys.readouterr().out  # the printed held-out metrics

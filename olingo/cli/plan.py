@@ -6,7 +6,7 @@ Per trained model (SFT's model, the reward model, PPO's actor and critic):
     gradients       T x bytes(param dtype)                  T = trainable parameters (LoRA: adapters + heads)
     optimizer       AdamW m and v: 2 x T x bytes(param dtype) (torch keeps them in the parameter's dtype);
                     under fsdp mixed precision the sharded parameters are the fp32 master copy
-    optimizer step  AdamW's temporaries: T x bytes with foreach (CUDA), 2 x the largest tensor per tensor (CPU)
+    optimizer step  AdamW's temporaries: T x bytes with foreach (CUDA), 2 x the largest tensor per tensor (CPU), none fused
     activations     tokens x per-token bytes (below), one micro-batch; never divided by world size
 
 Backward frees each layer's activations as it makes that layer's gradients, so learning holds the
@@ -167,19 +167,20 @@ def entropy_bytes(shape: ModelShape, rows: int, actions: int) -> float:
     return 3 * 4 * min(rows * actions * shape.vocab, CHUNK_ELEMENTS)
 
 
-def optimizer_step_bytes(shape: ModelShape, prec: Precision, shards: int, offload: bool) -> float:
-    """Temporaries of one AdamW step: torch's foreach implementation (the default on CUDA) takes
-    sqrt(v) of every trainable tensor at once; the per-tensor one (CPU) two tensors of one
-    parameter's size (sqrt(v) and its quotient), the largest's at the peak. None on the device
-    under FSDP's CPU offload (the step runs on the CPU)."""
-    if offload:
+def optimizer_step_bytes(shape: ModelShape, prec: Precision, shards: int, offload: bool, kernel: str = "torch") -> float:
+    """Temporaries of one AdamW step (`kernel`: the optimizer section's `implementation`): none
+    with torch's fused kernel (one pass in registers); the foreach one (torch's default on CUDA)
+    takes sqrt(v) of every trainable tensor at once; the per-tensor one (torch's default on CPU)
+    two tensors of one parameter's size (sqrt(v) and its quotient), the largest's at the peak.
+    None on the device under FSDP's CPU offload (the step runs on the CPU)."""
+    if offload or kernel == "fused":
         return 0.0
-    if torch.cuda.is_available():
+    if kernel == "foreach" or (kernel == "torch" and torch.cuda.is_available()):
         return shape.trainable * prec.param / shards
     return 2 * shape.largest * prec.param / shards
 
 
-def learning_bytes(shape: ModelShape, prec: Precision, shards: int, offload: bool, acts: float, after: float = 0.0) -> float:
+def learning_bytes(shape: ModelShape, prec: Precision, shards: int, offload: bool, acts: float, after: float = 0.0, kernel: str = "torch") -> float:
     """Device bytes beside the weights and AdamW state while one model learns a micro-batch.
 
     Backward frees each layer's activations as it makes that layer's gradients, so all the
@@ -188,10 +189,10 @@ def learning_bytes(shape: ModelShape, prec: Precision, shards: int, offload: boo
     temporaries, or `after` (GRPO's logits kept for the entropy)."""
     scale = 0.0 if offload else 1.0 / shards
     grads, first = shape.trainable * prec.param * scale, shape.head * prec.param * scale
-    return max(acts + first, grads + max(optimizer_step_bytes(shape, prec, shards, offload), after))
+    return max(acts + first, grads + max(optimizer_step_bytes(shape, prec, shards, offload, kernel), after))
 
 
-def trained_rows(name: str, shape: ModelShape, prec: Precision, shards: int, offload: bool = False) -> list[Row]:
+def trained_rows(name: str, shape: ModelShape, prec: Precision, shards: int, offload: bool = False, kernel: str = "torch") -> list[Row]:
     """Weights, gradients and AdamW state of one trained model, per device (none of it on the
     device under FSDP's CPU offload)."""
     lora = " (LoRA: adapters and heads)" if shape.trainable < shape.params else ""
@@ -202,10 +203,18 @@ def trained_rows(name: str, shape: ModelShape, prec: Precision, shards: int, off
         Row(f"{name} weights", shape.params * prec.param * scale, f"{count(shape.params)} params x {prec.param} B{where}"),
         Row(f"{name} gradients", shape.trainable * prec.param * scale, f"{count(shape.trainable)} trainable{lora}"),
         Row(f"{name} optimizer", 2 * shape.trainable * prec.param * scale, "AdamW m and v"),
-        Row(f"{name} optimizer step", optimizer_step_bytes(shape, prec, shards, offload), "AdamW's temporaries: " + (
-            "none on the device" if offload else "sqrt(v) of every trainable tensor (foreach, CUDA)" if torch.cuda.is_available()
-            else "two of the largest trainable tensor (per tensor, CPU)")),
+        Row(f"{name} optimizer step", optimizer_step_bytes(shape, prec, shards, offload, kernel), "AdamW's temporaries: " + step_note(offload, kernel)),
     ]
+
+
+def step_note(offload: bool, kernel: str) -> str:
+    """What `optimizer_step_bytes` counted, in words."""
+    if offload:
+        return "none on the device"
+    if kernel == "torch":
+        kernel = "foreach" if torch.cuda.is_available() else "for_loop"
+    notes = {"foreach": "sqrt(v) of every trainable tensor (foreach)", "for_loop": "two of the largest trainable tensor (per tensor)"}
+    return notes.get(kernel, "none (fused kernel)")
 
 
 def precision(model_dtype: str, plugin) -> Precision:  # plugin: PluginConfig
@@ -237,11 +246,11 @@ def plan_sft(cfg, world_size: int) -> Plan:  # cfg: SFTConfig
     shape = model_shape(m.path, reward=False, lora=m.lora, trust_remote_code=m.trust_remote_code)
     prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
     tokens = cfg.train.batch_size * cfg.data.max_length
-    trained = trained_rows("model", shape, prec, shards, offload)
+    trained = trained_rows("model", shape, prec, shards, offload, cfg.train.implementation)
     acts = activation_bytes(shape, tokens, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
     activations = f"{cfg.train.batch_size} x {cfg.data.max_length} tokens" + (", checkpointed" if m.gradient_checkpointing else "")
     rows = [*trained, Row("activations", acts, activations)]
-    return Plan("sft", rows, kept_bytes(trained) + learning_bytes(shape, prec, shards, offload, acts), world_size)
+    return Plan("sft", rows, kept_bytes(trained) + learning_bytes(shape, prec, shards, offload, acts, kernel=cfg.train.implementation), world_size)
 
 
 def plan_rm(cfg, world_size: int) -> Plan:  # cfg: RMConfig
@@ -250,10 +259,10 @@ def plan_rm(cfg, world_size: int) -> Plan:  # cfg: RMConfig
     shape = model_shape(m.path, reward=True, lora=m.lora, trust_remote_code=m.trust_remote_code)
     prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
     tokens = 2 * cfg.train.batch_size * cfg.data.max_length
-    trained = trained_rows("reward model", shape, prec, shards, offload)
+    trained = trained_rows("reward model", shape, prec, shards, offload, cfg.train.implementation)
     acts = activation_bytes(shape, tokens, prec.act, lm_head=False, checkpointing=m.gradient_checkpointing)
     rows = [*trained, Row("activations", acts, f"2 x {cfg.train.batch_size} x {cfg.data.max_length} tokens (chosen + rejected)")]
-    return Plan("rm", rows, kept_bytes(trained) + learning_bytes(shape, prec, shards, offload, acts), world_size)
+    return Plan("rm", rows, kept_bytes(trained) + learning_bytes(shape, prec, shards, offload, acts, kernel=cfg.train.implementation), world_size)
 
 
 def plan_ppo(cfg, world_size: int) -> Plan:  # cfg: PPOConfig
@@ -265,7 +274,8 @@ def plan_ppo(cfg, world_size: int) -> Plan:  # cfg: PPOConfig
     critic = model_shape(m.critic or cfg.reward.model or m.actor, reward=True, **common)
     prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
     seq = cfg.data.max_prompt_length + cfg.generation.max_new_tokens
-    trained = trained_rows("actor", actor, prec, shards, offload) + trained_rows("critic", critic, prec, shards, offload)
+    kernels = (cfg.actor_optim.implementation, cfg.critic_optim.implementation)
+    trained = trained_rows("actor", actor, prec, shards, offload, kernels[0]) + trained_rows("critic", critic, prec, shards, offload, kernels[1])
     park = parks_on_cpu(algo.offload_inference_models)
     frozen = frozen_rows(cfg, park=park)
     kv = actor.layers * 2 * actor.kv_dim * seq * algo.rollout_batch_size * prec.act
@@ -277,7 +287,8 @@ def plan_ppo(cfg, world_size: int) -> Plan:  # cfg: PPOConfig
             Row("activations (learning)", max(acts), f"{algo.train_batch_size} x {seq} tokens, actor and critic in turn")]
     frozen_bytes = sum(r.nbytes for r in frozen)
     # Generating and scoring need the frozen models on the device; learning too unless they are parked on the CPU.
-    learning = max(learning_bytes(s, prec, shards, offload, a) for s, a in zip((actor, critic), acts, strict=True)) + (0 if park else frozen_bytes)
+    learning = max(learning_bytes(s, prec, shards, offload, a, kernel=k) for s, a, k in zip((actor, critic), acts, kernels, strict=True))
+    learning += 0 if park else frozen_bytes
     return Plan("ppo", rows, kept_bytes(trained) + max(frozen_bytes + max(kv, scoring), learning), world_size)
 
 
@@ -291,7 +302,7 @@ def plan_grpo(cfg, world_size: int) -> Plan:  # cfg: GRPOConfig
     actor = model_shape(m.actor, reward=False, lora=m.lora, trust_remote_code=m.trust_remote_code)
     prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
     seq = cfg.data.max_prompt_length + cfg.generation.max_new_tokens
-    trained = trained_rows("actor", actor, prec, shards, offload)
+    trained = trained_rows("actor", actor, prec, shards, offload, cfg.actor_optim.implementation)
     park = parks_on_cpu(algo.offload_inference_models)
     # With LoRA and no model.reference the reference is the actor with its adapters disabled.
     frozen = frozen_rows(cfg, park=park, reference=exp.kl_coef > 0 and (bool(m.reference) or not m.lora.enabled))
@@ -307,7 +318,7 @@ def plan_grpo(cfg, world_size: int) -> Plan:  # cfg: GRPOConfig
             Row("activations (learning)", acts, f"{algo.train_batch_size} x {seq} tokens" + (", checkpointed" if m.gradient_checkpointing else "")),
             Row("logits + entropy", after, "kept after backward for the entropy metric")]
     frozen_bytes = sum(r.nbytes for r in frozen)
-    learning = learning_bytes(actor, prec, shards, offload, acts, after) + (0 if park else frozen_bytes)
+    learning = learning_bytes(actor, prec, shards, offload, acts, after, cfg.actor_optim.implementation) + (0 if park else frozen_bytes)
     return Plan("grpo", rows, kept_bytes(trained) + max(frozen_bytes + max(kv, scoring), learning), world_size)
 
 
@@ -323,7 +334,7 @@ def plan_offline(cfg, world_size: int) -> Plan:  # cfg: DPOConfig, ORPOConfig or
     settings = getattr(cfg, kind)
     needs_reference = kind == "kto" or (kind == "dpo" and settings.loss_type != "simpo")
     separate = needs_reference and (m.reference or not m.lora.enabled)
-    trained = trained_rows("policy", policy, prec, shards, offload)
+    trained = trained_rows("policy", policy, prec, shards, offload, cfg.train.implementation)
     acts = activation_bytes(policy, rows_per_step * cfg.data.max_length, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
     side = "" if kind == "kto" else " (chosen + rejected)"
     rows = [*trained, Row("activations", acts, f"{rows_per_step} x {cfg.data.max_length} tokens{side}")]
@@ -331,7 +342,7 @@ def plan_offline(cfg, world_size: int) -> Plan:  # cfg: DPOConfig, ORPOConfig or
     live = needs_reference and not (separate and settings.precompute_ref_log_probs)
     # Every position may hold response tokens.
     scoring = scoring_bytes(policy, rows_per_step, cfg.data.max_length, cfg.data.max_length - 1, prec.act) if live else 0.0
-    learning = max(learning_bytes(policy, prec, shards, offload, acts), scoring)
+    learning = max(learning_bytes(policy, prec, shards, offload, acts, kernel=cfg.train.implementation), scoring)
     reference = 0
     if separate:
         reference = model_shape(m.reference or m.path, reward=False, trust_remote_code=m.trust_remote_code).params * resolve_dtype(m.dtype).itemsize

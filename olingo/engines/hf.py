@@ -119,8 +119,12 @@ def generate_rollout(
     try:
         if with_log_probs:
             extra |= {"output_logits": True, "return_dict_in_generate": True}
+        # synced_gpus=False: transformers turns it on for FSDP-managed models, stepping every rank
+        # until all are done, which deadlocks when ranks make different numbers of generate calls
+        # (multi-turn episodes, dynamic sampling); olingo generates inside `gathered`, where
+        # forwards need no communication.
         output = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, generation_config=config, **extra
+            input_ids=input_ids, attention_mask=attention_mask, generation_config=config, synced_gpus=False, **extra
         )
     finally:
         for module, training in modes:

@@ -12,7 +12,8 @@ One collect step of the GRPO family, as the algorithm reads (Shao et al. 2024; D
        and draw more prompts (`collect` does that, with every data-parallel rank in lockstep)
     4. `finish`: advantages of the final batch from the estimator (grpo, dr_grpo, rloo,
        reinforce_pp); batch-level statistics (REINFORCE++ whitening) see exactly the rows
-       that will be trained on, on every rank
+       that will be trained on, on every rank (GDPO, `reward_aggregation: gdpo`: each reward term is
+       normalised in its group at step 3, the weighted sum over the whole batch here)
 The maths is in `olingo.rl`; this module wires models to it. `GroupExperienceMaker` implements
 `olingo.experience_maker.maker.ExperienceMaker`.
 """
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from olingo.config import StrictModel
@@ -53,7 +54,7 @@ from olingo.experience_maker.scoring import (
     to_model_device,
 )
 from olingo.rewards.functions import CompositeReward
-from olingo.rl.advantages import overlong_penalty, per_token_rewards
+from olingo.rl.advantages import batch_normalize, gdpo_group_sum, overlong_penalty, per_token_rewards
 from olingo.rl.kl import kl_estimate
 from olingo.rl.masked import AllReduceSum
 from olingo.rollout import PromptBatch, RolloutSource, SingleTurnSource
@@ -70,6 +71,10 @@ class GroupExperienceConfig(StrictModel):
         "reinforce_pp: reward-to-go whitened over the batch (see docs/algorithms.md)",
     )
     std_eps: float = Field(1e-6, gt=0, description="grpo: added to the group std before dividing")
+    reward_aggregation: Literal["sum", "gdpo"] = Field(
+        "sum", description="sum: the weighted reward terms are summed, then normalised in the group (GRPO); gdpo: each term "
+        "(and the overlong penalty) normalised in its group, the weighted sum then normalised over the batch (Liu et al. 2026; advantage grpo)",
+    )
     group_baseline: bool = Field(True, description="reinforce_pp: subtract the group mean score first (REINFORCE++-baseline)")
     kl_coef: float = Field(0.0, ge=0, description="KL-to-reference coefficient (beta); 0: no reference model is loaded or run")
     kl_penalty: Literal["loss", "reward"] = Field("loss", description="the KL as a loss term (GRPO) or as a per-token reward penalty")
@@ -92,6 +97,12 @@ class GroupExperienceConfig(StrictModel):
         None, ge=1,
         description="sequences per forward when scoring old and reference log-probs (default: all at once)",
     )
+
+    @model_validator(mode="after")
+    def _gdpo_is_grpo(self) -> GroupExperienceConfig:
+        if self.reward_aggregation == "gdpo" and self.advantage != "grpo":
+            raise ValueError(f"experience.reward_aggregation gdpo normalises like grpo; set experience.advantage grpo, not {self.advantage}")
+        return self
 
     @property
     def estimator_name(self) -> str:
@@ -134,8 +145,12 @@ class GroupExperienceMaker(SourceBacked):
         self.carry_engine_log_probs = False  # the trainer turns it on for truncated importance sampling
         self.all_reduce_sum = all_reduce_sum
         self.num_generations = self.config.num_generations
+        # gdpo: `sample` leaves each group's decoupled sum (group mean 0) in the score and `finish` normalises it
+        # over the batch, so the estimator only spreads it over the tokens (dr_grpo's group mean is then 0).
+        gdpo = self.config.reward_aggregation == "gdpo"
         self.estimator = build_group_estimator(
-            self.config.advantage, self.num_generations, eps=self.config.std_eps, group_baseline=self.config.group_baseline, all_reduce_sum=all_reduce_sum,
+            "dr_grpo" if gdpo else self.config.advantage, self.num_generations,
+            eps=self.config.std_eps, group_baseline=self.config.group_baseline, all_reduce_sum=all_reduce_sum,
         )
         self.last_samples: list[dict[str, Any]] = []
 
@@ -204,9 +219,11 @@ class GroupExperienceMaker(SourceBacked):
         if scored.ref_log_probs is not None and scored.log_probs is not None:
             kl = kl_estimate(scored.log_probs, scored.ref_log_probs, cfg.estimator_name, action_mask)
         lengths = action_mask.sum(-1)
-        score = scored.raw_score.float() + cfg.overlong_penalty * overlong_penalty(
-            lengths, self.generation.max_new_tokens, cfg.overlong_buffer
-        ).to(scored.raw_score.device)
+        overlong = overlong_penalty(lengths, self.generation.max_new_tokens, cfg.overlong_buffer).to(scored.raw_score.device)
+        score = scored.raw_score.float() + cfg.overlong_penalty * overlong
+        term_info: dict[str, float] = {}
+        if cfg.reward_aggregation == "gdpo":
+            score, term_info = self._decoupled_score(scored, overlong)
         kl_coef = cfg.kl_coef if self.kl_in_reward else 0.0
         rewards = per_token_rewards(score, kl if kl is not None else torch.zeros(action_mask.shape, device=score.device), action_mask, kl_coef, "last")
         experience = Experience(
@@ -223,8 +240,23 @@ class GroupExperienceMaker(SourceBacked):
             **scored.source_info,
         }
         experience.info.update({f"reward/{name}": float(v.float().mean()) for name, v in scored.reward_terms.items()})
+        experience.info.update(term_info)
         self.last_samples = scored.samples()
         return experience
+
+    def _decoupled_score(self, scored: ScoredRollout, overlong: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """GDPO (`gdpo_group_sum`): each reward term, and the overlong penalty when on, normalised in its
+        group, then weighted by the reward's term weights (1 for the environment's or a reward model's);
+        with each term's mean within-group std, logged as reward/<name>/group_std (0: no signal)."""
+        terms = dict(scored.reward_terms) or {"reward": scored.raw_score}
+        weights = dict(getattr(self.reward, "term_weights", {}))
+        if self.config.overlong_buffer > 0:
+            terms["overlong"], weights["overlong"] = overlong, self.config.overlong_penalty
+        device = scored.raw_score.device
+        values = torch.stack([v.float().to(device) for v in terms.values()], dim=-1)
+        w = torch.tensor([weights.get(name, 1.0) for name in terms], dtype=torch.float32, device=device)
+        info = {f"reward/{name}/group_std": _mean_group_std(v.float(), self.num_generations) for name, v in terms.items()}
+        return gdpo_group_sum(values, w, self.num_generations, self.config.std_eps), info
 
     # ---- 4: advantages of the final batch ---------------------------------------------------------
     @torch.no_grad()
@@ -235,7 +267,10 @@ class GroupExperienceMaker(SourceBacked):
         kl_rewards = None
         if self.kl_in_reward and experience.kl is not None:
             kl_rewards = torch.where(experience.action_mask, -self.config.kl_coef * experience.kl, torch.zeros_like(experience.kl))
-        advantages, _ = self.estimator(AdvantageInputs(experience.rewards, experience.score, experience.action_mask, None, kl_rewards))
+        score = experience.score
+        if self.config.reward_aggregation == "gdpo":  # GDPO's last step: over the batch of every rank (Liu et al. 2026)
+            score = batch_normalize(score.float(), self.config.std_eps, self.all_reduce_sum)
+        advantages, _ = self.estimator(AdvantageInputs(experience.rewards, score, experience.action_mask, None, kl_rewards))
         return dataclasses.replace(experience, advantages=advantages)
 
     # ---- one collect step: sample (dynamic sampling: until the batch is full), finish ------------

@@ -46,7 +46,7 @@ from olingo.experience_maker.scoring import (
     to_model_device,
 )
 from olingo.rewards.functions import CompositeReward
-from olingo.rl.advantages import per_token_rewards
+from olingo.rl.advantages import per_token_rewards, place_turn_rewards
 from olingo.rl.kl import kl_estimate
 from olingo.rl.masked import AllReduceSum, masked_whiten
 from olingo.rl.moments import RunningMoments
@@ -166,6 +166,9 @@ class PPOExperienceMaker(SourceBacked):
         kl = kl_estimate(scored.log_probs, scored.ref_log_probs, cfg.kl_estimator, action_mask)
         score = self.shape_score(scored.raw_score, rollout.truncated)
         rewards = per_token_rewards(score, kl, action_mask, self.kl_ctl.value, self.shaping.placement)
+        if scored.turn_rewards is not None and self.shaping.placement == "last":
+            scale = 1.0 / float(self.reward_moments.std) if self.reward_moments is not None else 1.0
+            rewards = place_turn_rewards(rewards, scored.turn_rewards.to(rewards.device), action_mask, scale)
         advantages, returns = self.estimator(AdvantageInputs(rewards, score, action_mask, values))
         if cfg.whiten_advantages:
             advantages = masked_whiten(advantages, action_mask, all_reduce_sum=self.all_reduce_sum if cfg.global_whitening else None)

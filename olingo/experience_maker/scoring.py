@@ -67,6 +67,8 @@ class ScoredRollout:
     source_info: dict[str, float] = dataclasses.field(default_factory=dict)
     """What the rollout source measured (multi-turn episodes: turns, errors, tokens by role),
     logged as `rollout/<name>`."""
+    turn_rewards: torch.Tensor | None = None
+    """(B, A): the environment's step rewards at the turns they answered (`SampledBatch.turn_rewards`)."""
 
     def samples(self) -> list[dict[str, Any]]:
         """One JSON-ready dict per rollout: prompt, response, gt_answer, reward, truncated."""
@@ -87,6 +89,17 @@ def decode_responses(tokenizer: Any, responses: torch.Tensor, action_mask: torch
     return [tokenizer.decode(row[keep], skip_special_tokens=True) for row, keep in zip(responses, mask, strict=True)]
 
 
+def response_span(rollout: Rollout) -> torch.Tensor:
+    """(B, A) bool: the response tokens reward functions read, the sampled ones and, in a multi-turn
+    episode, the environment's replies between them (attended, not actions). A single-turn
+    response has no such holes, so its span is its action mask exactly."""
+    action = rollout.action_mask.bool()
+    columns = torch.arange(action.shape[-1], device=action.device)
+    last = torch.where(action, columns, torch.full_like(columns, -1)).amax(dim=-1, keepdim=True)
+    attended = rollout.attention_mask[:, -action.shape[-1]:].bool() if action.shape[-1] else action
+    return action | (attended & (columns < last))
+
+
 def score_rollout(
     reward: nn.Module | CompositeReward, tokenizer: Any, input_ids: torch.Tensor, rollout: Rollout,
     gt_answers: list[str | None] | None, row_fields: dict[str, list[Any]] | None,
@@ -98,7 +111,7 @@ def score_rollout(
     seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
     device = seq.device
     prompts = tokenizer.batch_decode(input_ids, skip_special_tokens=True)
-    responses = decode_responses(tokenizer, seq[:, -num_actions:], rollout.action_mask)
+    responses = decode_responses(tokenizer, seq[:, -num_actions:], response_span(rollout))
     gt_answers = list(gt_answers) if gt_answers is not None else [None] * seq.shape[0]
     terms: dict[str, torch.Tensor] = {}
     if isinstance(reward, CompositeReward):
@@ -120,7 +133,8 @@ def add_source_reward(scored: ScoredRollout, sampled: Any) -> ScoredRollout:
         return dataclasses.replace(scored, source_info=info)
     env_rewards = env_rewards.to(scored.raw_score.device, scored.raw_score.dtype)
     terms = {**scored.reward_terms, "environment": env_rewards}
-    return dataclasses.replace(scored, raw_score=scored.raw_score + env_rewards, reward_terms=terms, source_info=info)
+    turn_rewards = getattr(sampled, "turn_rewards", None)
+    return dataclasses.replace(scored, raw_score=scored.raw_score + env_rewards, reward_terms=terms, source_info=info, turn_rewards=turn_rewards)
 
 
 def to_model_device(model: nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

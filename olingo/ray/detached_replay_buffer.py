@@ -10,6 +10,10 @@ Nothing here blocks forever:
     maker retries later (it never blocks a Ray thread);
   * stop signal: after `close()` every push is refused with CLOSED, and what was left is counted;
   * staleness: `sample(min_version=v)` drops batches made by weights older than v and counts them.
+
+Rows are re-batched, so a pushed batch's `info` (what its maker measured: episode metrics,
+reward terms, dynamic sampling) cannot stay with its rows; the infos of the accepted pushes are
+kept apart and `take_info` gives their mean, as a local run averages its collect steps' infos.
 """
 
 from __future__ import annotations
@@ -62,17 +66,19 @@ class DetachedReplayBuffer:
         self.batch_collector: list[BufferItem] = []  # items waiting for a full batch
         self.counts = BufferCounts()
         self.closed = False
+        self.infos: list[dict[str, float]] = []  # the `info` of each batch accepted since `take_info`
         self._cond = threading.Condition()
 
     # ---- maker side ---------------------------------------------------------------------------
     @torch.no_grad()
     def append(self, experience: Experience) -> str:
         """Push one experience batch (any size); returns ACCEPTED, FULL or CLOSED."""
-        return self.extend(split_experience_batch(experience.to_device("cpu")))
+        return self.extend(split_experience_batch(experience.to_device("cpu")), experience.info)
 
     @torch.no_grad()
-    def extend(self, items: list[BufferItem]) -> str:
-        """Push unpadded rollouts; returns ACCEPTED, FULL or CLOSED (nothing is kept unless ACCEPTED)."""
+    def extend(self, items: list[BufferItem], info: dict[str, float] | None = None) -> str:
+        """Push unpadded rollouts (and what their maker measured of them); returns ACCEPTED,
+        FULL or CLOSED (nothing is kept unless ACCEPTED)."""
         with self._cond:
             if self.closed:
                 self.counts.refused_closed += len(items)
@@ -81,6 +87,8 @@ class DetachedReplayBuffer:
                 self.counts.refused_full += 1
                 return FULL
             self.counts.received += len(items)
+            if info:
+                self.infos.append(dict(info))
             self.batch_collector.extend(items)
             while len(self.batch_collector) >= self.sample_batch_size:
                 group, self.batch_collector = self.batch_collector[: self.sample_batch_size], self.batch_collector[self.sample_batch_size :]
@@ -108,10 +116,20 @@ class DetachedReplayBuffer:
         with self._cond:
             return len(self.batches)
 
+    def take_info(self) -> dict[str, float]:
+        """The mean of every pushed batch's `info` since the last call, key by key over the
+        batches that have the key (a tool counter exists only where a tool environment ran);
+        empty when none arrived."""
+        with self._cond:
+            infos, self.infos = self.infos, []
+        keys = dict.fromkeys(k for info in infos for k in info)
+        return {k: sum(float(i[k]) for i in infos if k in i) / sum(k in i for i in infos) for k in keys}
+
     def clear(self) -> None:
         with self._cond:
             self.batches.clear()
             self.batch_collector = []
+            self.infos = []
 
     def close(self) -> int:
         """Refuse every later push and wake waiting samplers; returns the rollouts left unused."""

@@ -61,7 +61,7 @@ from ray.exceptions import RayActorError
 from olingo.cluster import DistCoordinator
 from olingo.experience_maker import BufferItem, Experience
 from olingo.experience_maker.experience import experience_info, make_experience_batch, split_experience_batch
-from olingo.ray.detached_replay_buffer import ACCEPTED, DetachedReplayBuffer
+from olingo.ray.detached_replay_buffer import DetachedReplayBuffer
 from olingo.ray.maker_pool import MakerError, MakerPool
 from olingo.ray.worker import setup_worker_logging
 from olingo.trainer.callbacks import Callback, LoopState, ManifestRow, dispatch
@@ -159,7 +159,7 @@ class DetachedTrainer(ABC):
         self.state = LoopState()
         self.start_episode = 0
         self.policy_version = 0
-        self._engine_info: dict[str, float] = {}  # rollout/engine_* of the latest batch received
+        self._maker_info: dict[str, float] = {}  # what the makers measured of the batches received lately (`take_info`)
         self.sync_steps: list[int] = []  # the step of every full weight sync, oldest first
         self.run_config: dict[str, Any] | None = None
         self.summary: dict[str, Any] = {}
@@ -297,9 +297,7 @@ class DetachedTrainer(ABC):
     @ray.method(concurrency_group="buffer_append")
     def buffer_append(self, experience: Experience) -> str:
         """A maker pushes a batch: "accepted", "full" (retry later) or "closed" (training ended)."""
-        status = self.detached_replay_buffer.append(experience)
-        if status == ACCEPTED:  # the buffer re-batches rows and drops `info`: keep the maker's engine gap
-            self._engine_info = {k: v for k, v in experience.info.items() if k.startswith("engine_")} or self._engine_info
+        status = self.detached_replay_buffer.append(experience)  # keeps the batch's `info` apart (`take_info`)
         if self._debug:
             logger.info("[trainer] buffer_append of %d rollouts: %s", experience.batch_size, status)
         return status
@@ -349,9 +347,11 @@ class DetachedTrainer(ABC):
 
     def _ray_metrics(self, experience: Experience) -> dict[str, float]:
         counts = self.detached_replay_buffer.counts
-        metrics = {f"rollout/{k}": v for k, v in experience_info(experience).items()}
-        # The engine/trainer log-prob gap of the latest batch a vLLM maker sent (it measured it).
-        metrics.update({f"rollout/{k}": v for k, v in self._engine_info.items()})
+        # What the makers measured of the batches pushed since the last step (the latest such
+        # mean when none came): episode metrics, reward terms, a vLLM maker's engine/trainer gap,
+        # as a local run logs them; the statistics of the rows trained on replace the makers' own.
+        self._maker_info = self.detached_replay_buffer.take_info() or self._maker_info
+        metrics = {f"rollout/{k}": v for k, v in {**self._maker_info, **experience_info(experience)}.items()}
         metrics.update({
             "ray/staleness": float(sum(s > experience.policy_version for s in self.sync_steps)),
             "ray/buffer_batches": float(self.detached_replay_buffer.get_length()),

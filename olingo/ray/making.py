@@ -13,17 +13,20 @@ is given (pickled on the driver, `build` called inside the actor):
 family: each prompt batch becomes whole groups of G rows, contiguous, with their advantages
 already computed, so a trainer may split the rows as it likes. Both make a batch with the maker's
 own `collect`, the step the local `OnlineTrainer` runs.
+With an `environment` section (the recipes' `environment:`, docs/agents.md) each maker builds
+its own `MultiTurnSource` on its own engine: its responses are multi-turn episodes, as in a
+local run, and the episode metrics ride in the batch's `info` to the trainer.
 No ray here: both are plain, picklable configuration plus code.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from olingo.engines import GenerationSettings, RolloutEngine
+from olingo.engines import GenerationSettings, HFEngine, RolloutEngine
 from olingo.experience_maker import (
     Experience,
     ExperienceConfig,
@@ -31,10 +34,25 @@ from olingo.experience_maker import (
     RewardShaping,
 )
 from olingo.experience_maker.group import GroupExperienceConfig, GroupExperienceMaker
-from olingo.rollout import PromptBatch
+from olingo.rollout import PromptBatch, RolloutSource
 
 EngineFn = Callable[[Any, Any], RolloutEngine]
 Collated = dict[str, Any]  # a prompt batch as the prompt collator gives it
+
+
+class SourceSection(Protocol):
+    """A config section that builds a rollout source on an engine (the recipes' `environment:`
+    section, `EnvironmentConfig`): None when it names no environment."""
+
+    def source(self, engine: Any, tokenizer: Any) -> RolloutSource | None: ...
+
+
+def episode_source(section: SourceSection | None, engine: RolloutEngine | None, actor: Any, tokenizer: Any) -> RolloutSource | None:
+    """The maker's multi-turn source from `section`, sampling through `engine` (default:
+    transformers `generate` on the maker's actor, as a local run does); None: single-turn."""
+    if section is None:
+        return None
+    return section.source(engine or HFEngine(actor, tokenizer), tokenizer)
 
 
 def draws(batch: Collated, next_batch: Callable[[], Collated]) -> Callable[[], PromptBatch]:
@@ -45,22 +63,24 @@ def draws(batch: Collated, next_batch: Callable[[], Collated]) -> Callable[[], P
 
 class PPOMaking:
     """PPO experience: `PPOExperienceMaker` over the four models `model_fn` returns
-    (actor, critic, reward, reference). Its state: the KL controller and reward statistics."""
+    (actor, critic, reward, reference). Its state: the KL controller and reward statistics.
+    `environment`: the `environment:` section; its episodes are the maker's rollouts."""
 
     def __init__(
         self, kl_coef: float | None = None, config: ExperienceConfig | None = None, shaping: RewardShaping | None = None, *,
-        carry_engine_log_probs: bool = False,
+        carry_engine_log_probs: bool = False, environment: SourceSection | None = None,
     ) -> None:
-        self.kl_coef, self.config, self.shaping = kl_coef, config, shaping
+        self.kl_coef, self.config, self.shaping, self.environment = kl_coef, config, shaping, environment
         self.carry_engine_log_probs = carry_engine_log_probs  # truncated importance sampling in the trainer
         self.counts: dict[str, float] = {}  # nothing beyond the holder's own counts
 
     def build(self, models: tuple, tokenizer: Any, generation: GenerationSettings, engine_fn: EngineFn | None) -> PPOExperienceMaker:
         actor, critic, reward_model, initial_model = models
+        engine = engine_fn(actor, tokenizer) if engine_fn is not None else None
         maker = PPOExperienceMaker(
             actor.eval(), critic.eval(), reward_model, initial_model, tokenizer, self.kl_coef,
-            config=self.config, shaping=self.shaping, generation=generation,
-            engine=engine_fn(actor, tokenizer) if engine_fn is not None else None,
+            config=self.config, shaping=self.shaping, generation=generation, engine=engine,
+            source=episode_source(self.environment, engine, actor, tokenizer),
         )
         maker.carry_engine_log_probs = self.carry_engine_log_probs
         return maker
@@ -88,18 +108,24 @@ class GroupMaking:
         needs_old_log_probs: store log pi_old with the rollouts. Needed whenever the trainer's
             weights may have moved on from the maker's when it learns on a batch (several
             steps per sync, several passes, or stale batches allowed); without it the ratio is 1.
+        environment: the `environment:` section; its episodes are the maker's rollouts (a group:
+            the G episodes of one prompt).
     """
 
-    def __init__(self, config: GroupExperienceConfig, needs_old_log_probs: bool = True, *, carry_engine_log_probs: bool = False) -> None:
-        self.config, self.needs_old_log_probs = config, needs_old_log_probs
+    def __init__(
+        self, config: GroupExperienceConfig, needs_old_log_probs: bool = True, *, carry_engine_log_probs: bool = False,
+        environment: SourceSection | None = None,
+    ) -> None:
+        self.config, self.needs_old_log_probs, self.environment = config, needs_old_log_probs, environment
         self.carry_engine_log_probs = carry_engine_log_probs  # truncated importance sampling in the trainer
         self.counts: dict[str, float] = {"sampled_groups": 0, "kept_groups": 0} if config.dynamic_sampling else {}
 
     def build(self, models: tuple, tokenizer: Any, generation: GenerationSettings, engine_fn: EngineFn | None) -> GroupExperienceMaker:
         actor, reward, reference = models
+        engine = engine_fn(actor, tokenizer) if engine_fn is not None else None
         maker = GroupExperienceMaker(
-            actor.eval(), reward, reference, tokenizer, config=self.config, generation=generation,
-            engine=engine_fn(actor, tokenizer) if engine_fn is not None else None, needs_old_log_probs=self.needs_old_log_probs,
+            actor.eval(), reward, reference, tokenizer, config=self.config, generation=generation, engine=engine,
+            needs_old_log_probs=self.needs_old_log_probs, source=episode_source(self.environment, engine, actor, tokenizer),
         )
         maker.carry_engine_log_probs = self.carry_engine_log_probs
         return maker

@@ -123,6 +123,9 @@ class LoggingConfig(StrictModel):
 AdamBeta = Annotated[float, Field(ge=0.0, lt=1.0)]  # 1 would never forget: the moment estimates stop averaging
 
 
+AdamImplementation = Literal["torch", "fused", "foreach", "for_loop"]
+
+
 class OptimizerConfig(StrictModel):
     """AdamW with a cosine schedule, for one trained model."""
 
@@ -132,6 +135,11 @@ class OptimizerConfig(StrictModel):
     warmup_ratio: float = Field(0.025, ge=0, le=1, description="fraction of optimizer steps spent warming up")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine schedule floor as a fraction of lr")
     max_grad_norm: float | None = Field(1.0, gt=0, description="clip the gradient norm (null: no clipping)")
+    implementation: AdamImplementation = Field(
+        "torch", description="AdamW kernel: torch (default): torch's own choice (the per-tensor loop on CPU, foreach on CUDA); fused: "
+        "one fused kernel for every parameter (CPU or CUDA float tensors; on CPU 2-7x faster than the loop, the same maths with "
+        "last-bit differences, so runs are not digit-identical to the default's); foreach or for_loop force one",
+    )
 
 
 class OptimConfig(OptimizerConfig):
@@ -210,13 +218,23 @@ def resume_checkpoint(run: RunConfig, run_dir: Path) -> Path | None:
     raise ResumeError(f"run.resume={run.resume}: {path} {what}; " + ("; ".join(sorted(listings)) or f"{run_dir} does not exist yet"))
 
 
-def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.Optimizer:
-    """AdamW; biases and norm weights (1-D tensors) get no weight decay."""
+def build_optimizer(
+    model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float], implementation: AdamImplementation = "torch",
+) -> torch.optim.Optimizer:
+    """AdamW; biases and norm weights (1-D tensors) get no weight decay. `implementation`: see
+    `OptimizerConfig.implementation`."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, **adam_kernel(implementation))
+
+
+def adam_kernel(implementation: AdamImplementation) -> dict[str, bool]:
+    """torch.optim.AdamW's kernel keywords. torch's own default on CPU is the per-tensor loop
+    (foreach is CUDA-only by default), several times slower than its fused kernel, which steps
+    every parameter in one call and supports CPU and CUDA float tensors (torch >= 2.4)."""
+    return {"torch": {}, "fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[implementation]
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float, min_lr_ratio: float):
@@ -337,7 +355,7 @@ def loaders_and_optimizer(setup: RunSetup, train: OptimConfig, seed: int, model:
 
 def optimizer_and_schedule(model: torch.nn.Module, cfg: OptimizerConfig, total_steps: int):
     """AdamW for `model` and its cosine schedule over `total_steps` optimizer steps."""
-    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.adam_betas)
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay, cfg.adam_betas, cfg.implementation)
     return optimizer, build_scheduler(optimizer, total_steps, cfg.warmup_ratio, cfg.min_lr_ratio)
 
 

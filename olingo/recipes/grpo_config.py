@@ -87,7 +87,7 @@ class GRPOConfig(StrictModel):
         default_factory=GroupExperienceConfig,
         description="groups, advantage estimator, KL, dynamic sampling, overlong punishment",
     )
-    loss: GRPOLossConfig = Field(default_factory=GRPOLossConfig, description="clipping, aggregation, ptx")
+    loss: GRPOLossConfig = Field(default_factory=GRPOLossConfig, description="the objective (ppo_clip, gspo, cispo, sapo), clipping, aggregation, ptx")
     loop: GRPOLoopConfig = Field(default_factory=GRPOLoopConfig, description="episodes, batch sizes, checkpoints, evaluation")
     actor_optim: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(lr=1e-6), description="policy optimisation")
     plugin: PluginConfig = Field(default_factory=PluginConfig, description="parallel strategy")

@@ -5,7 +5,8 @@ The recipe, top to bottom (`run_grpo_ray`):
     2. join the Ray cluster named by `ray.address` / $RAY_ADDRESS, or start a local instance
     3. create `ray.num_makers` ExperienceMakerHolder actors making whole groups (`GroupMaking`):
        each loads its own policy, reward and, only when experience.kl_coef > 0, reference, and
-       its own shuffle of the prompts; advantages are computed there, per prompt batch
+       its own shuffle of the prompts; advantages are computed there, per prompt batch; with an
+       `environment:` named, each runs its own multi-turn episodes (docs/agents.md)
     4. create the DetachedGRPOTrainer actor (the policy and its optimizer; no critic, no
        reference; loggers and checkpoints in the run directory); resume when asked; write the
        run directory
@@ -161,7 +162,10 @@ def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict
     # 2-7. makers making whole groups with their advantages; the GRPO trainer (the policy only),
     # one optimizer step per buffer batch of accumulation_steps micro-batches
     grpo = RayAlgorithm(
-        "grpo", models, GroupMaking(cfg.experience, needs_old_log_probs=needs_old_log_probs(cfg), carry_engine_log_probs=cfg.loss.tis_cap is not None),
+        "grpo", models, GroupMaking(
+            cfg.experience, needs_old_log_probs=needs_old_log_probs(cfg), carry_engine_log_probs=cfg.loss.tis_cap is not None,
+            environment=cfg.environment if cfg.environment.name else None,
+        ),
         trainer_models=GRPOModelsFn(
             models.actor, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora,
             gradient_checkpointing=m.gradient_checkpointing, chat_template=m.chat_template,

@@ -4,9 +4,10 @@ engine with how it samples (`generation:`). The loop section (`loop:`) is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from olingo.config import StrictModel
 from olingo.dataset.limits import OVERLONG_DESCRIPTION, Overlong
@@ -58,28 +59,91 @@ class GenerationSection(StrictModel):
         return GenerationSettings(**{**fields, "stop_strings": fields["stop_strings"] or None, "stop_token_ids": list(stop_token_ids)})
 
 
+class EnvironmentChoice(StrictModel):
+    """An environment a prompt row may name by an alias (`environment.choices`)."""
+
+    name: str = Field(description="the environment: a registered name (arithmetic_retry, tools, ...) or package.module:Class")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments the environment class is built with (once per episode)")
+
+
 class EnvironmentConfig(StrictModel):
     """Multi-turn episodes (docs/agents.md): an environment answers each assistant turn with tool
     results or observations until it says the episode is done. Unset: single-turn completions."""
 
     name: str | None = Field(
-        None, description="the environment: a registered name or package.module:Class (null: single-turn completions, no environment)",
+        None,
+        description="the environment: a registered name (arithmetic_retry; tools, whose params name the tools) or package.module:Class "
+        "(null: single-turn completions, no environment). A prompt row may name its own in a field 'environment' "
+        "(an alias of environment.choices, or any such name, built without params); rows without it use this one",
     )
-    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments the environment class is built with (once per episode)")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="keyword arguments the environment class is built with (once per episode), checked when the config loads; for tools: "
+        "{tools: [package.module:function, ...], reward: a reward-function name or path, call_timeout_s, max_invalid_calls, "
+        "max_calls_per_turn, result_role}",
+    )
+    choices: dict[str, EnvironmentChoice] = Field(
+        default_factory=dict,
+        description="environments prompt rows may name by alias in their 'environment' field, each {name, params}, e.g. "
+        "{calc: {name: tools, params: {tools: [my_pkg.tools:add]}}}",
+    )
     max_turns: int = Field(4, ge=1, description="assistant turns per episode at most")
     max_new_tokens: int = Field(256, ge=1, description="sampled tokens per assistant turn at most (also capped by generation.max_new_tokens)")
     max_episode_tokens: int = Field(
         1024, ge=1, description="response tokens of a whole episode, sampled and environment ones; a turn or reply past it ends the episode",
     )
     step_timeout_s: float = Field(30.0, gt=0, description="seconds an environment's reset or step may take; past it the episode ends with reward 0")
+    reward_weight: float = Field(
+        1.0, ge=0, description="weight of the environment's rewards (summed over the episode's steps) in the score, beside reward.functions' own weights",
+    )
 
-    def source(self, engine: Any, tokenizer: Any) -> Any:
-        """The `MultiTurnSource` of this section on `engine` (None when no environment is named)."""
+    @model_validator(mode="after")
+    def _environments_build(self) -> EnvironmentConfig:
+        """Every environment named resolves and takes its params, before anything loads."""
+        if self.choices and self.name is None:
+            raise ValueError("environment.choices needs environment.name: the environment of rows that name none")
+        if self.name is not None:
+            self.catalog().check_all()
+        return self
+
+    def catalog(self) -> Any:
+        """The `EnvironmentCatalog` of this section: the default environment and the choices."""
+        from olingo.rollout.environment import EnvironmentCatalog
+
+        choices = {alias: (choice.name, choice.params) for alias, choice in self.choices.items()}
+        return EnvironmentCatalog(self.name, self.params, choices, key="environment")
+
+    def source(self, engine: Any, tokenizer: Any, prompt_sources: Sequence[str] = ()) -> Any:
+        """The `MultiTurnSource` of this section on `engine` (None when no environment is named),
+        after checking the `environment` field of every row of `prompt_sources`."""
         if self.name is None:
             return None
-        from olingo.rollout.environment import resolve_environment
         from olingo.rollout.multi_turn import EpisodeLimits, MultiTurnSource
 
-        cls, params = resolve_environment(self.name), dict(self.params)
+        catalog = self.catalog()
+        check_row_environments(catalog, prompt_sources)
         limits = EpisodeLimits(self.max_turns, self.max_new_tokens, self.max_episode_tokens)
-        return MultiTurnSource(engine, tokenizer, lambda: cls(**params), limits, tokenizer.pad_token_id, self.step_timeout_s)
+        return MultiTurnSource(
+            engine, tokenizer, catalog.factory(), limits, tokenizer.pad_token_id, self.step_timeout_s, environment_for=catalog.factory,
+            reward_weight=self.reward_weight,
+        )
+
+
+def check_row_environments(catalog: Any, sources: Sequence[str]) -> None:
+    """A one-line error naming the file and row of the first prompt row whose `environment` field
+    names no environment (with a did-you-mean). Unreadable rows are left for the data loading."""
+    from olingo.dataset.errors import DataError
+    from olingo.dataset.loading import iter_rows_or_errors
+    from olingo.recipes.common import resolve_path
+    from olingo.rollout.environment import ROW_FIELD
+
+    checked: set[str] = set()
+    for source in sources:
+        try:
+            for number, raw in iter_rows_or_errors(resolve_path(source)):
+                name = raw.get(ROW_FIELD) if isinstance(raw, dict) else None
+                if name is not None and (not isinstance(name, str) or name not in checked):
+                    catalog.check_name(name, f"{source}, row {number}")
+                    checked.add(name)
+        except DataError:
+            continue  # a source that cannot be read: loading the data says so, with its reason

@@ -4,7 +4,8 @@ The recipe, top to bottom (`run_ppo_ray`):
     1. check the config, seed, check the run directory and the checkpoint to resume
     2. join the Ray cluster named by `ray.address` / $RAY_ADDRESS, or start a local instance
     3. create `ray.num_makers` ExperienceMakerHolder actors (each loads its own actor, critic,
-       reward and reference models and its own shuffle of the prompts)
+       reward and reference models and its own shuffle of the prompts; with an `environment:`
+       named, each runs its own multi-turn episodes, docs/agents.md)
     4. create the DetachedPPOTrainer actor (actor + critic + optimizers; loggers and
        checkpoints in the run directory); resume it when asked; write the run directory
     5. evaluate the starting policy through maker 0 (fresh runs; logged as the step-0 row)
@@ -84,6 +85,8 @@ class PPOModelsFn:
             reward = RewardModel.from_pretrained(reward, pad_token_id=pad, **load).eval().requires_grad_(False)
         if self.reward_functions:
             reward = CompositeReward(self.reward_functions, neural=reward, neural_weight=self.reward_model_weight)
+        elif reward is None:  # no reward model, no functions: an environment's rewards are the only ones (`load_reward`)
+            reward = CompositeReward((), allow_empty=True)
         return actor, critic, reward, reference
 
 
@@ -156,7 +159,10 @@ def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
 
     # 2-7. makers making PPO experience (KL-penalised rewards, GAE), the PPO trainer (actor + critic)
     ppo = RayAlgorithm(
-        "ppo", models, PPOMaking(cfg.experience.kl_coef, cfg.experience, cfg.reward, carry_engine_log_probs=cfg.loss.tis_cap is not None),
+        "ppo", models, PPOMaking(
+            cfg.experience.kl_coef, cfg.experience, cfg.reward, carry_engine_log_probs=cfg.loss.tis_cap is not None,
+            environment=cfg.environment if cfg.environment.name else None,
+        ),
         trainer_models=PPOModelsFn(
             models.actor, models.critic, models.tokenizer,
             dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora, chat_template=m.chat_template,

@@ -43,6 +43,7 @@ from olingo.recipes.common import (
     resume_checkpoint,
 )
 from olingo.recipes.grpo_config import GRPOConfig
+from olingo.recipes.online_config import check_row_environments
 from olingo.recipes.ppo_config import PPOConfig
 from olingo.recipes.rewards import probe_user_functions
 from olingo.rewards.rlvr import get_reward_function
@@ -124,10 +125,12 @@ def optimizer_steps(cfg: RayRecipeConfig, batches: int) -> int:
 # ---- the run ------------------------------------------------------------------------------------------
 def open_run(cfg: RayRecipeConfig, model_paths: dict[str, str | None]) -> tuple[Path, Path | None]:
     """Step 1's shared part: every user function is called once on a prompt row
-    (`probe_user_functions`), the configured model paths exist (`{config key: path}`), the RNG is
-    seeded; returns the run directory (checked, written once the actors have loaded everything)
-    and the checkpoint to resume (None: a fresh start)."""
+    (`probe_user_functions`), the environments prompt rows name exist, the configured model
+    paths exist (`{config key: path}`), the RNG is seeded; returns the run directory (checked,
+    written once the actors have loaded everything) and the checkpoint to resume (None: a fresh start)."""
     probe_user_functions(cfg.reward, cfg.loop.accuracy_function, cfg.data.prompts, cfg.data.eval_prompts)  # before any actor loads a model
+    if cfg.environment.name is not None:  # once here, not in every maker: rows naming an unknown environment
+        check_row_environments(cfg.environment.catalog(), [*cfg.data.prompts, *cfg.data.eval_prompts])
     check_model_paths(model_paths)
     seed_everything(cfg.run.seed)
     run_dir = check_run_dir(cfg.run)

@@ -47,6 +47,22 @@ def per_token_rewards(
     return rewards.scatter_add(-1, last, terminal.unsqueeze(-1))
 
 
+def place_turn_rewards(rewards: torch.Tensor, turn_rewards: torch.Tensor, action_mask: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Move an environment's step rewards from the episode's last token to the turns they answered.
+
+    rewards: (B, A) from `per_token_rewards(placement="last")`, whose terminal score includes the
+    episode's summed step rewards; turn_rewards: (B, A), each step reward at the last sampled
+    token of the turn it answered (0 elsewhere); scale: the factor the score was normalised by
+    (1 / running std, or 1). Returns rewards + scale * turn_rewards, less scale * their row sum
+    at the last masked token: each row's total is unchanged, only where the environment's part
+    lands moves, so GAE credits a turn's reward to that turn (docs/agents.md).
+    """
+    mask = action_mask.bool()
+    moved = torch.where(mask, scale * turn_rewards.to(rewards.dtype), torch.zeros_like(rewards))
+    last = mask.shape[-1] - 1 - mask.flip(-1).long().argmax(dim=-1, keepdim=True)
+    return (rewards + moved).scatter_add(-1, last, -moved.sum(-1, keepdim=True))
+
+
 def compute_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,
@@ -186,3 +202,45 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, cache: int) -> torc
         raise ValueError(f"the overlong cache ({cache}) is longer than the length limit ({max_length})")
     soft = (max_length - cache - lengths) / cache
     return torch.where(lengths <= max_length - cache, torch.zeros_like(lengths), torch.where(lengths <= max_length, soft, -torch.ones_like(lengths)))
+
+
+# ---- several reward terms: GDPO's decoupled normalisation -----------------------------------
+
+
+def gdpo_group_sum(terms: torch.Tensor, weights: torch.Tensor, num_generations: int, eps: float = 1e-6) -> torch.Tensor:
+    """GDPO's first two steps (Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization Policy
+    Optimization for Multi-reward RL Optimization", arXiv 2601.05242): each reward term normalised
+    within its group, then the weighted sum.
+
+    terms: (B, K) unweighted values of K reward terms, B = groups x `num_generations`; weights: (K,).
+    Returns (B,) sum_k w_k (r_k - mean_g(r_k)) / (std_g(r_k) + eps), std the unbiased one as in
+    `grpo_advantages`. A term constant within a group adds 0 there, so an easy term cannot swamp
+    a hard one's signal; every group's sum has mean 0.
+    """
+    if terms.dim() != 2 or weights.shape != (terms.shape[1],):
+        raise ValueError(f"gdpo needs terms (B, K) and weights (K,), got {tuple(terms.shape)} and {tuple(weights.shape)}")
+    if num_generations < 2:
+        raise ValueError("gdpo needs at least 2 responses per prompt (the std of one is undefined)")
+    _groups(terms[:, 0], num_generations)  # refuses a batch that is not whole groups
+    grouped = terms.view(-1, num_generations, terms.shape[1])
+    normalised = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + eps)
+    return (normalised * weights.to(terms.dtype)).sum(-1).flatten()
+
+
+def batch_normalize(x: torch.Tensor, eps: float = 1e-6, all_reduce_sum: AllReduceSum | None = None) -> torch.Tensor:
+    """(x - mean) / (std + eps) over the whole batch, std the unbiased one: GDPO's last step, which
+    keeps the advantage's scale from growing with the number of terms. x: (B,) -> (B,).
+    `all_reduce_sum` makes the statistics those of every data-parallel rank's batch together."""
+    reduce = all_reduce_sum or (lambda t: t)
+    count = reduce(torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device))
+    mean = reduce(x.sum()) / count.clamp(min=1)
+    var = reduce(((x - mean) ** 2).sum()) / (count - 1).clamp(min=1)
+    return (x - mean) / (var.sqrt() + eps)
+
+
+def gdpo_advantages(
+    terms: torch.Tensor, weights: torch.Tensor, num_generations: int, eps: float = 1e-6, all_reduce_sum: AllReduceSum | None = None,
+) -> torch.Tensor:
+    """GDPO's sequence advantages: `batch_normalize(gdpo_group_sum(...))`. terms: (B, K); weights: (K,).
+    Returns (B,). With one term this is GRPO's advantage normalised once more over the batch."""
+    return batch_normalize(gdpo_group_sum(terms, weights, num_generations, eps), eps, all_reduce_sum)

@@ -4,11 +4,14 @@ aggregated into a step's loss, PPO's `PolicyLoss` and `ValueLoss`, and the criti
 
 PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms". The GRPO family's loss
 adds DAPO's clip-higher, the dual clip, a KL-to-reference term and three ways to aggregate
-token losses. Per-token tensors are (B, A) with an `action_mask` (B, A).
+token losses. The objectives that replace the clipped surrogate (GSPO, CISPO, SAPO, 2025) are
+small functions too, picked by `GroupPolicyLoss(objective=...)`. Per-token tensors are (B, A)
+with an `action_mask` (B, A).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -18,6 +21,7 @@ from olingo.rl.kl import KLEstimator, kl_estimate
 from olingo.rl.masked import masked_mean, masked_sum
 
 LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+PolicyObjective = Literal["ppo_clip", "gspo", "gspo_token", "cispo", "sapo"]
 
 
 def clipped_surrogate(
@@ -43,6 +47,106 @@ def clipped_surrogate(
         capped = torch.min(loss, -dual_clip * advantages)
         loss = torch.where(advantages < 0, capped, loss)
     return loss, took_clip
+
+
+def gspo_surrogate(
+    log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, action_mask: torch.Tensor,
+    eps_low: float, eps_high: float, token_level: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GSPO's sequence-level clipped surrogate (Zheng et al. 2025, "Group Sequence Policy
+    Optimization", arXiv 2507.18071), written as a per-token loss.
+
+    log_probs, old_log_probs, advantages, action_mask: (B, A). The ratio of response i is the
+    geometric mean of its token ratios, s_i = exp(mean_t (log pi - log pi_old)), the same for all
+    its tokens; loss_{i,t} = -min(s_i A_{i,t}, clip(s_i, 1 - eps_low, 1 + eps_high) A_{i,t})
+    (`clipped_surrogate`). With `seq_mean_token_mean` and a sequence advantage that is the paper's
+    -(1/G) sum_i min(s_i A_i, clip(s_i) A_i). `token_level` (the paper's GSPO-token): s_{i,t} =
+    sg(s_i) pi_t / sg(pi_t), the value of s_i but each token's own gradient, so per-token
+    advantages keep their weight. Returns (token loss, clipped, s) all (B, A).
+    """
+    mask = action_mask.bool()
+    zeros = torch.zeros_like(log_probs)
+    log_probs = torch.where(mask, log_probs, zeros)  # padding may hold anything, even -inf
+    log_ratio = torch.where(mask, log_probs - old_log_probs, zeros)
+    log_s = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    log_s = log_s.detach() + log_probs - log_probs.detach() if token_level else log_s.expand_as(log_ratio)
+    log_s = torch.where(mask, log_s, zeros)
+    loss, clipped = clipped_surrogate(log_s, advantages, eps_low, eps_high)
+    return loss, clipped, log_s.detach().exp()
+
+
+def cispo_loss(
+    log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, action_mask: torch.Tensor,
+    max_ratio: float, min_ratio: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax 2025, "MiniMax-M1", arXiv 2506.13585): clip the importance weight, not the update.
+
+    log_probs, old_log_probs, advantages, action_mask: (B, A). loss_t = -sg(clip(r_t, min_ratio,
+    max_ratio)) A_t log pi_t with r_t = pi / pi_old, so every token's gradient is its capped weight
+    x A_t grad log pi_t: a token outside the band still learns, where the clipped surrogate drops
+    it. The paper's clip(r, 1 - eps_low, 1 + eps_high) sets no effective lower bound (min_ratio 0);
+    ScaleRL (Khatri et al. 2025) and TRL cap at eps_max = 5. Returns (token loss, clipped) (B, A);
+    `clipped` marks tokens whose weight was capped.
+    """
+    mask = action_mask.bool()
+    log_probs = torch.where(mask, log_probs, torch.zeros_like(log_probs))  # padding may hold anything, even -inf
+    ratio = torch.where(mask, log_probs - old_log_probs, torch.zeros_like(log_probs)).exp().detach()
+    weight = ratio.clamp(min_ratio, max_ratio)
+    return -weight * advantages * log_probs, (ratio > max_ratio) | (ratio < min_ratio)
+
+
+def sapo_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, tau_pos: float, tau_neg: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """SAPO (Qwen 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347): a soft gate for the hard clip.
+
+    log_ratio, advantages: (B, A). loss_t = -f(r_t) A_t with f(r) = (4 / tau) sigmoid(tau (r - 1)),
+    tau = tau_pos where A_t > 0 and tau_neg otherwise (the paper's form; TRL's `sapo` the same).
+    d f / d log pi = 4 s (1 - s) r with s = sigmoid(tau (r - 1)): exactly 1 at r = 1 (the policy
+    gradient) and decaying smoothly to 0 as r leaves 1, faster for larger tau (paper: tau_neg >
+    tau_pos, negative updates being the less stable). Returns (token loss, gate weight 4 s (1 - s) r) (B, A).
+    """
+    ratio = log_ratio.exp()
+    tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
+    gate = torch.sigmoid(tau * (ratio - 1))
+    return -gate * 4 / tau * advantages, (4 * gate * (1 - gate) * ratio).detach()
+
+
+@dataclass(frozen=True)
+class ObjectiveParams:
+    """Settings of the objectives other than ppo_clip (which reads eps_low/eps_high/dual_clip).
+
+    seq_eps_low/high: GSPO's clip of the sequence ratio (paper: 3e-4, 4e-4); cispo_max/min_ratio:
+    CISPO's bounds on the importance weight (ScaleRL, TRL: 5, none); sapo_tau_pos/neg: SAPO's
+    gate temperatures (paper, TRL: 1.0, 1.05).
+    """
+
+    seq_eps_low: float = 3e-4
+    seq_eps_high: float = 4e-4
+    cispo_max_ratio: float = 5.0
+    cispo_min_ratio: float = 0.0
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+
+
+def objective_token_loss(
+    objective: PolicyObjective, log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor, action_mask: torch.Tensor,
+    params: ObjectiveParams,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token loss of a non-default objective: (loss, clipped, the ratio that was clipped, extra
+    detached stats), the first three (B, A). Padding of `advantages` must already be 0."""
+    mask = action_mask.bool()
+    log_ratio = torch.where(mask, log_probs - old_log_probs, torch.zeros_like(log_probs))
+    if objective in ("gspo", "gspo_token"):
+        loss, clipped, seq_ratio = gspo_surrogate(
+            log_probs, old_log_probs, advantages, mask, params.seq_eps_low, params.seq_eps_high, objective == "gspo_token",
+        )
+        return loss, clipped, seq_ratio, {"seq_ratio_mean": masked_mean(seq_ratio, mask)}
+    if objective == "cispo":
+        loss, clipped = cispo_loss(log_probs, old_log_probs, advantages, mask, params.cispo_max_ratio, params.cispo_min_ratio)
+        return loss, clipped, log_ratio.detach().exp(), {}
+    if objective == "sapo":
+        loss, weight = sapo_loss(log_ratio, advantages, params.sapo_tau_pos, params.sapo_tau_neg)
+        return loss, torch.zeros_like(mask), log_ratio.detach().exp(), {"sapo_gate_weight": masked_mean(weight, mask)}
+    raise ValueError(f"unknown policy objective {objective!r}; choose ppo_clip, gspo, gspo_token, cispo or sapo")
 
 
 def loss_units(action_mask: torch.Tensor, mode: LossAggregation) -> torch.Tensor:
@@ -183,14 +287,20 @@ class GroupPolicyLoss(nn.Module):
     summed over the step), clipfrac, clipfrac_low/high (ratio below/above the band where the
     clip was taken), approx_kl (k3 of pi_old vs pi), ratio_max. `tis_weights` (B, A) or None:
     truncated importance weights for a rollout engine's mismatch (`truncated_is_weights`),
-    multiplying each token's policy loss (not the KL term); adds tis_weight_mean.
+    multiplying each token's policy loss (not the KL term); adds tis_weight_mean. `objective`
+    replaces the clipped surrogate (`objective_token_loss`, settings in `params`); clipfrac then
+    counts the sequences (gspo) or importance weights (cispo) clipped, and is 0 for sapo.
     """
 
     def __init__(
         self, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: float | None = None, aggregation: LossAggregation = "token_mean",
         kl_coef: float = 0.0, kl_estimator: KLEstimator = "k3", max_length: int | None = None,
+        objective: PolicyObjective = "ppo_clip", params: ObjectiveParams | None = None,
     ) -> None:
         super().__init__()
+        if dual_clip is not None and objective != "ppo_clip":
+            raise ValueError(f"dual_clip applies to the ppo_clip objective only, not {objective!r}")
+        self.objective, self.params = objective, params or ObjectiveParams()
         self.eps_low, self.eps_high, self.dual_clip = eps_low, eps_high, dual_clip
         self.aggregation, self.max_length = aggregation, max_length
         self.kl_coef, self.kl_estimator = kl_coef, kl_estimator
@@ -203,7 +313,12 @@ class GroupPolicyLoss(nn.Module):
         old = log_probs.detach() if old_log_probs is None else old_log_probs
         log_ratio = torch.where(mask, log_probs - old, torch.zeros_like(log_probs))  # select: padding may hold anything
         advantages = torch.where(mask, advantages, torch.zeros_like(advantages))
-        token_loss, clipped = clipped_surrogate(log_ratio, advantages, self.eps_low, self.eps_high, self.dual_clip)
+        extra: dict[str, torch.Tensor] = {}
+        if self.objective == "ppo_clip":
+            token_loss, clipped = clipped_surrogate(log_ratio, advantages, self.eps_low, self.eps_high, self.dual_clip)
+            clip_ratio = log_ratio.detach().exp()
+        else:
+            token_loss, clipped, clip_ratio, extra = objective_token_loss(self.objective, log_probs, old, advantages, mask, self.params)
         if tis_weights is not None:  # the engine sampled, not pi_old: reweight (truncated IS)
             token_loss = token_loss * tis_weights
         policy_loss = aggregate_loss(token_loss, mask, self.aggregation, units, self.max_length)
@@ -218,10 +333,11 @@ class GroupPolicyLoss(nn.Module):
             stats = {
                 "policy_loss": policy_loss.detach(), "kl_loss": kl_loss.detach(),
                 "clipfrac": masked_mean(clipped.float(), mask),
-                "clipfrac_low": masked_mean((clipped & (ratio < 1)).float(), mask),
-                "clipfrac_high": masked_mean((clipped & (ratio > 1)).float(), mask),
+                "clipfrac_low": masked_mean((clipped & (clip_ratio < 1)).float(), mask),
+                "clipfrac_high": masked_mean((clipped & (clip_ratio > 1)).float(), mask),
                 "approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
                 "ratio_max": torch.where(mask, ratio, torch.zeros_like(ratio)).max(),
+                **extra,
             }
             if tis_weights is not None:
                 stats["tis_weight_mean"] = masked_mean(tis_weights, mask)

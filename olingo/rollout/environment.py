@@ -9,16 +9,21 @@ whether the episode is done. Either method may be `async def`.
 Naming an environment (a *spec*):
     "calculator"              a registered name (`@register_environment("calculator")`)
     "my_pkg.envs:Calculator"  the class `Calculator` of module `my_pkg.envs` (imported)
+A run's `EnvironmentCatalog` holds its default environment and the aliases a prompt row may
+name in its `environment` field (`ROW_FIELD`), so one batch may mix environments.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+import time
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -80,18 +85,25 @@ def register_environment(name: str) -> Callable[[T], T]:
     return register
 
 
-BUILTIN_ENVIRONMENTS = {"arithmetic_retry": "olingo.rollout.retry:RetryArithmetic"}  # imported when named
+BUILTIN_ENVIRONMENTS = {  # imported when named
+    "arithmetic_retry": "olingo.rollout.retry:RetryArithmetic",
+    "calculator": "olingo.rollout.calculator:CalculatorEnvironment",
+    "reasoning_gym": "olingo.rollout.reasoning_gym:ReasoningGymEnvironment",  # requirements-agents.txt
+    "textarena": "olingo.rollout.textarena:TextArenaEnvironment",  # requirements-agents.txt
+    "tools": "olingo.rollout.tools:ConfiguredTools",  # tools named by import path in a config
+}
 
 
-def resolve_environment(spec: str) -> type:
-    """The class a spec names: a registered or built-in name, or 'package.module:Class' (imported)."""
+def resolve_environment(spec: str, extra: Collection[str] = ()) -> type:
+    """The class a spec names: a registered or built-in name, or 'package.module:Class' (imported).
+    `extra`: other names the caller accepts (aliases), offered in the did-you-mean."""
     if ":" in spec:
         return _import_class(spec)
     if spec in BUILTIN_ENVIRONMENTS and spec not in ENVIRONMENTS:
         return _import_class(BUILTIN_ENVIRONMENTS[spec])
     if spec in ENVIRONMENTS:
         return ENVIRONMENTS[spec]
-    hint = did_you_mean(spec, [*ENVIRONMENTS, *BUILTIN_ENVIRONMENTS])
+    hint = did_you_mean(spec, [*ENVIRONMENTS, *BUILTIN_ENVIRONMENTS, *extra])
     if not hint and "." in spec:  # 'my_pkg.envs.Calculator' is a common way to mean a path
         module, _, attr = spec.rpartition(".")
         hint = f" (did you mean '{module}:{attr}'?)"
@@ -99,15 +111,88 @@ def resolve_environment(spec: str) -> type:
     raise EnvironmentSpecError(f"unknown environment '{spec}'{hint}; registered: {registered}; name a class of your own by its import path, {_PATH_EXAMPLE}")
 
 
+ROW_FIELD = "environment"  # the prompt-row field that names a row's own environment
+
+
+def check_params(cls: type, params: dict[str, Any], key: str) -> None:
+    """One-line EnvironmentSpecError naming `key` when `cls(**params)` cannot be built: the class's
+    own `check_params(params, key)` classmethod where it has one (it may check values too, before
+    any episode), else a parameter its constructor does not take or a required one missing."""
+    own = getattr(cls, "check_params", None)
+    if callable(own):
+        own(params, key)
+        return
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # no readable signature: only building it can tell
+        return
+    names = [n for n, p in signature.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    for name in params:
+        if name not in names and not takes_any:
+            taken = ", ".join(names) or "none"
+            raise EnvironmentSpecError(f"{key}.{name}: {cls.__name__} takes no parameter '{name}'{did_you_mean(name, names)}; its parameters: {taken}")
+    try:
+        signature.bind(**params)
+    except TypeError as err:
+        raise EnvironmentSpecError(f"{key}: {cls.__name__}({', '.join(params)}) cannot be built: {err}") from None
+
+
+class EnvironmentCatalog:
+    """The environments a run builds: the default one, for rows without an `environment` field,
+    and those a row may name there, either an alias of `choices` (`{alias: (spec, params)}`) or
+    any spec (built without parameters; the default's spec gets the default's parameters).
+    Classes are resolved once; `factory(name)` makes one environment per call. `key` is the
+    config section the messages name."""
+
+    def __init__(self, default: str, params: dict[str, Any], choices: dict[str, tuple[str, dict[str, Any]]] | None = None, key: str = "environment") -> None:
+        self.default, self.params, self.choices, self.key = default, dict(params), dict(choices or {}), key
+        self._classes: dict[str, type] = {}
+
+    def factory(self, name: str | None = None) -> Callable[[], Any]:
+        """A factory of no arguments for the environment `name` names (None: the default)."""
+        spec, params = self.entry(name)
+        if spec not in self._classes:
+            self._classes[spec] = resolve_environment(spec, extra=self.choices)
+        return functools.partial(self._classes[spec], **params)
+
+    def entry(self, name: str | None) -> tuple[str, dict[str, Any]]:
+        """(spec, params) of `name`: an alias, the default's spec, or any other spec."""
+        if name is None or name == self.default:
+            return self.default, self.params
+        if name in self.choices:
+            return self.choices[name]
+        return name, {}
+
+    def check_all(self) -> None:
+        """One-line EnvironmentSpecErrors naming the config field: every configured environment
+        resolves and takes its parameters (run when the config is built, before any episode)."""
+        entries = [(f"{self.key}.name", f"{self.key}.params", self.default, self.params)]
+        entries += [(f"{self.key}.choices.{alias}.name", f"{self.key}.choices.{alias}.params", spec, params) for alias, (spec, params) in self.choices.items()]
+        for name_key, params_key, spec, params in entries:
+            try:
+                cls = resolve_environment(spec)
+            except EnvironmentSpecError as err:
+                raise EnvironmentSpecError(f"{name_key}: {err}") from None
+            check_params(cls, params, params_key)
+
+    def check_name(self, name: Any, where: str) -> None:
+        """One-line EnvironmentSpecError, starting with `where`, unless `name` names an
+        environment this catalog can build."""
+        if not isinstance(name, str) or not name.strip():
+            raise EnvironmentSpecError(f"{where}: field '{ROW_FIELD}' must be an environment name or 'package.module:Class', got {one_line_repr(name)}")
+        if name in self.choices or name == self.default:
+            return
+        try:
+            check_params(resolve_environment(name, extra=self.choices), {}, f"{ROW_FIELD} '{name}' (built without params; name an alias of {self.key}.choices)")
+        except (EnvironmentSpecError, ValueError) as err:
+            reason = " ".join(str(err).split())
+            raise EnvironmentSpecError(f"{where}: field '{ROW_FIELD}': {reason}") from None
+
+
 def _import_class(spec: str) -> type:
     """The class at 'package.module:Class'."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise EnvironmentSpecError(f"environment '{spec}': expected an import path {_PATH_EXAMPLE}")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # not found, or its own code failed
-        raise EnvironmentSpecError(f"environment '{spec}': importing '{module_name}' failed: {one_line(err)} (is its directory on PYTHONPATH?)") from err
+    module, module_name, attr = import_path(spec, f"environment '{spec}'", f"an import path {_PATH_EXAMPLE}", EnvironmentSpecError)
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -117,6 +202,19 @@ def _import_class(spec: str) -> type:
     if not inspect.isclass(obj):
         raise EnvironmentSpecError(f"environment '{spec}' is {type(obj).__name__}, not a class")
     return obj
+
+
+def import_path(spec: str, label: str, expected: str, error: type[Exception]) -> tuple[Any, str, str]:
+    """The module 'package.module:name' names, its name and `name`; a one-line `error` starting with
+    `label` when the spec has no ':' part or the import fails."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise error(f"{label}: expected {expected}" + ("" if label.endswith(f"'{spec}'") else f", got '{spec}'"))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # not found, or its own code failed
+        raise error(f"{label}: importing '{module_name}' failed: {one_line(err)} (is its directory on PYTHONPATH?)") from None
+    return module, module_name, attr
 
 
 def _qualified(obj: Any) -> str:
@@ -169,9 +267,39 @@ def call_all(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float
         return []
     pool = ThreadPoolExecutor(max_workers=min(32, len(calls)), thread_name_prefix="olingo-env")
     try:
-        return _run_coroutine(_gather(calls, timeout_s, pool))
+        if any(inspect.iscoroutinefunction(fn) for fn, _ in calls):
+            return _run_coroutine(_gather(calls, timeout_s, pool))
+        return _threads(calls, timeout_s, pool)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _threads(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float, pool: ThreadPoolExecutor) -> list[Any]:
+    """Plain functions on the pool, without an event loop: starting one per call costs about a
+    millisecond, which a tool environment (a `call_all` inside each step) would pay per step.
+    All calls are submitted at once, so one deadline bounds each by `timeout_s` from its
+    submission, as the event loop's `wait_for` does; a result that is awaitable is awaited in the
+    time left."""
+    deadline = time.monotonic() + timeout_s
+    futures = [pool.submit(fn, *args) for fn, args in calls]
+    results: list[Any] = []
+    for future in futures:
+        try:
+            result = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            if inspect.isawaitable(result):
+                result = _run_coroutine(asyncio.wait_for(_awaited(result), max(0.0, deadline - time.monotonic())))
+        except (KeyboardInterrupt, SystemExit):
+            raise  # a stop asked for inside a step stops the run, as on the event loop
+        except FutureTimeout:
+            result = EnvFailure(TimeoutError())
+        except BaseException as err:  # the call's own error, returned in its place
+            result = EnvFailure(err)
+        results.append(result)
+    return results
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 async def _gather(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float, pool: ThreadPoolExecutor) -> list[Any]:

@@ -34,7 +34,7 @@ from jinja2 import TemplateError
 from olingo.dataset.chat_tokens import require_chat_template
 from olingo.engines import GenerationSettings, Rollout, RolloutEngine
 from olingo.engines.settings import resolve_stop_token_ids
-from olingo.rollout.environment import EnvFailure, Environment, call_all, check_step
+from olingo.rollout.environment import ROW_FIELD, EnvFailure, Environment, EnvironmentSpecError, call_all, check_step, resolve_environment
 from olingo.rollout.source import PromptBatch, SampledBatch
 
 # Distinctive stand-in contents: no template alters them, and they are easy to find again.
@@ -80,6 +80,8 @@ class Episode:
     """Per trajectory token: the engine's log-prob where sampled, 0 elsewhere."""
     last_turn: list[int] = field(default_factory=list)
     reward: float = 0.0
+    step_rewards: list[tuple[int, float]] = field(default_factory=list)
+    """(trajectory index of the answered turn's last sampled token, the step's reward), per step."""
     turns: int = 0
     reset_failed: bool = False
     end: str | None = None
@@ -130,7 +132,10 @@ class EnvDelta:
 class MultiTurnSource:
     """A `RolloutSource` of multi-turn episodes (see the module docstring).
 
-    environment_factory: returns a fresh `Environment`, called once per episode. step_timeout_s
+    environment_factory: returns a fresh `Environment`, called once per episode of a row without
+    an `environment` field; a row that has one gets its environment from the factory
+    `environment_for(name)` returns (default: the class `resolve_environment` names, built
+    without arguments), so one batch may mix environments. step_timeout_s
     bounds each reset and step call; one that raises or runs past it ends its episode with
     reward 0 (`env_errors`). A step that returns anything but a well-formed `EnvStep` is a
     ValueError naming the environment and the row, which stops the run.
@@ -138,10 +143,13 @@ class MultiTurnSource:
 
     def __init__(
         self, engine: RolloutEngine, tokenizer: Any, environment_factory: Callable[[], Environment], limits: EpisodeLimits,
-        pad_token_id: int, step_timeout_s: float = 30.0,
+        pad_token_id: int, step_timeout_s: float = 30.0, environment_for: Callable[[str], Callable[[], Environment]] | None = None,
+        *, reward_weight: float = 1.0,
     ) -> None:
         self.engine, self.tokenizer, self.environment_factory = engine, tokenizer, environment_factory
         self.limits, self.pad_token_id, self.step_timeout_s = limits, pad_token_id, step_timeout_s
+        self.reward_weight = reward_weight  # the environment's rewards in the score: weight x their sum
+        self.environment_for = environment_for or resolve_environment
 
     def sample(self, prompts: PromptBatch, settings: GenerationSettings, n: int = 1) -> SampledBatch:
         """n episodes for each of the B prompts: (N, P + A) rows, prompt-major."""
@@ -162,9 +170,9 @@ class MultiTurnSource:
             {"gt_answer": prompts.gt_answers[i] if prompts.gt_answers is not None else None, **{k: v[i] for k, v in fields.items()}}
             for i in range(prompts.size)
         ]
-        mask = prompts.attention_mask.bool()
+        mask, factories = prompts.attention_mask.bool(), self._row_factories(fields.get(ROW_FIELD), prompts.size)
         episodes = [
-            Episode(row=i, env=self.environment_factory(), prompt=prompts.input_ids[i][mask[i]].tolist())
+            Episode(row=i, env=factories[i](), prompt=prompts.input_ids[i][mask[i]].tolist())
             for i in range(prompts.size) for _ in range(n)
         ]
         started = time.perf_counter()
@@ -174,23 +182,45 @@ class MultiTurnSource:
             episode.reset_failed = isinstance(result, EnvFailure)
         return episodes
 
-    def _sample_turn(self, live: list[Episode], settings: GenerationSettings, device: torch.device, clock: dict) -> None:
-        """One batched engine call over the running episodes; each keeps the ids it was given.
+    def _row_factories(self, names: list[Any] | None, size: int) -> list[Callable[[], Environment]]:
+        """Each row's environment factory: the one its `environment` field names, else the default.
+        A name that names no environment is a one-line EnvironmentSpecError naming the row."""
+        factories: dict[str, Callable[[], Environment]] = {}
+        chosen = []
+        for i, name in enumerate(names or [None] * size):
+            if name is None:
+                chosen.append(self.environment_factory)
+                continue
+            if not isinstance(name, str):
+                raise EnvironmentSpecError(f"prompt row {i} of the batch, field '{ROW_FIELD}': expected an environment name, got {type(name).__name__}")
+            if name not in factories:
+                try:
+                    factories[name] = self.environment_for(name)
+                except EnvironmentSpecError as err:
+                    raise EnvironmentSpecError(f"prompt row {i} of the batch, field '{ROW_FIELD}': {err}") from None
+            chosen.append(factories[name])
+        return chosen
 
-        The call samples up to the largest budget left; an episode with less keeps the prefix
-        that fits (still exactly the sampled tokens) and ends there."""
-        budgets = [self.limits.max_episode_tokens - len(e.tokens) for e in live]
-        cap = min(self.limits.max_new_tokens, settings.max_new_tokens, max(budgets))
+    def _sample_turn(self, live: list[Episode], settings: GenerationSettings, device: torch.device, clock: dict) -> None:
+        """Batched engine calls over the running episodes, one per turn length; each keeps the ids it was given.
+
+        An episode samples at most min(max_new_tokens, its budget left); episodes whose budget is
+        below the turn's cap get a call of their own at that length, so no row asks the engine for
+        more than its episode holds (vLLM refuses a context plus max_new_tokens past max_model_len)."""
+        turn_cap = min(self.limits.max_new_tokens, settings.max_new_tokens)
+        caps = [min(turn_cap, self.limits.max_episode_tokens - len(e.tokens)) for e in live]
+        for cap in sorted(set(caps), reverse=True):
+            self._sample_group([e for e, c in zip(live, caps, strict=True) if c == cap], dataclasses.replace(settings, max_new_tokens=cap), device, clock)
+
+    def _sample_group(self, live: list[Episode], settings: GenerationSettings, device: torch.device, clock: dict) -> None:
+        """One engine call over `live` at `settings.max_new_tokens`; each episode appends its sampled ids."""
         ids, mask = left_pad([e.prompt + e.tokens for e in live], self.pad_token_id)
         started = time.perf_counter()
-        rollout = self.engine.generate(ids.to(device), mask.to(device), dataclasses.replace(settings, max_new_tokens=cap), n=1)
+        rollout = self.engine.generate(ids.to(device), mask.to(device), settings, n=1)
         clock["generation_seconds"] += time.perf_counter() - started
         clock["log_probs"] &= rollout.log_probs is not None
         for j, episode in enumerate(live):
             new, log_probs, stopped = sampled_turn(rollout, j)
-            if len(new) > budgets[j]:
-                new, stopped = new[: budgets[j]], False
-                log_probs = None if log_probs is None else log_probs[: budgets[j]]
             episode.add(new, sampled=True, log_probs=log_probs)
             episode.last_turn, episode.turns = new, episode.turns + 1
             if not stopped:  # cut off mid-answer: nothing for the environment to answer
@@ -202,7 +232,7 @@ class MultiTurnSource:
         stepping = [e for e in live if e.end is None and not e.reset_failed]
         for episode in live:
             if episode.reset_failed:  # after its first turn, however that ended
-                episode.reward = 0.0
+                episode.reward, episode.step_rewards = 0.0, []
                 episode.finish("env_error", truncated=episode.truncated)
         texts = [self.tokenizer.decode(e.last_turn, skip_special_tokens=True) for e in stepping]
         started = time.perf_counter()
@@ -210,11 +240,12 @@ class MultiTurnSource:
         clock["env_seconds"] += time.perf_counter() - started
         for episode, result in zip(stepping, results, strict=True):
             if isinstance(result, EnvFailure):
-                episode.reward = 0.0
+                episode.reward, episode.step_rewards = 0.0, []
                 episode.finish("env_error")
                 continue
             step = check_step(result, episode.env, episode.row)
             episode.reward += float(step.reward)
+            episode.step_rewards.append((len(episode.tokens) - 1, float(step.reward)))
             if step.done:
                 episode.finish("done")
             elif episode.turns >= self.limits.max_turns:
@@ -246,10 +277,13 @@ class MultiTurnSource:
         real = torch.zeros(len(episodes), width, dtype=torch.long)
         action_mask = torch.zeros(len(episodes), width, dtype=torch.bool)
         log_probs = torch.zeros(len(episodes), width, dtype=torch.float32)
+        turn_rewards = torch.zeros(len(episodes), width, dtype=torch.float32)
         for k, e in enumerate(episodes):
             length = len(e.tokens)
             sequences[k, :length], real[k, :length] = torch.tensor(e.tokens, dtype=torch.long), 1
             action_mask[k, :length], log_probs[k, :length] = torch.tensor(e.sampled), torch.tensor(e.log_probs)
+            for position, reward in e.step_rewards:
+                turn_rewards[k, position] += reward
         repeated = prompts.repeated(n)
         truncated = torch.tensor([e.truncated for e in episodes], dtype=torch.bool)
         rollout = Rollout(
@@ -259,8 +293,9 @@ class MultiTurnSource:
             log_probs=log_probs.to(device) if clock["log_probs"] else None,
             finish_reasons=["length" if e.truncated else "stop" for e in episodes],
         )
-        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=device)
-        return SampledBatch(rollout, repeated, env_rewards=rewards, info=episode_metrics(episodes, clock))
+        rewards = self.reward_weight * torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=device)
+        turn_rewards = self.reward_weight * turn_rewards.to(device)
+        return SampledBatch(rollout, repeated, env_rewards=rewards, turn_rewards=turn_rewards, info=episode_metrics(episodes, clock))
 
 
 def sampled_turn(rollout: Rollout, row: int) -> tuple[list[int], list[float] | None, bool]:

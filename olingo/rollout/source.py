@@ -65,7 +65,11 @@ class SampledBatch:
     prompts: PromptBatch
     """The N prompt rows, each repeated for its n responses."""
     env_rewards: torch.Tensor | None = None
-    """(N,) float: each episode's summed environment step rewards (`MultiTurnSource`); else None."""
+    """(N,) float: each episode's summed environment step rewards, times the source's reward
+    weight (`MultiTurnSource`); else None."""
+    turn_rewards: torch.Tensor | None = None
+    """(N, A) float: each environment step reward at the last sampled token of the turn it
+    answered, 0 elsewhere (rows sum to `env_rewards`); PPO places them there (docs/agents.md)."""
     info: dict[str, float] = dataclasses.field(default_factory=dict)
     """Metrics of the batch's episodes (`MultiTurnSource`: turns, ends, tokens, seconds); else empty."""
 

@@ -27,16 +27,17 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import jinja2
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers.utils import get_json_schema
 from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
 
 from olingo.config_errors import did_you_mean
 from olingo.errors import OlingoError
 from olingo.rewards.registry import one_line
-from olingo.rollout.environment import EnvFailure, EnvStep, call_all
+from olingo.rollout.environment import EnvFailure, EnvStep, call_all, import_path
 
 # The closing tag is optional at the very end: a turn cut at the token limit, or a model that
 # stops right after its JSON, still makes its last call (a cut JSON fails to parse anyway).
@@ -325,3 +326,98 @@ class ToolEnvironment:
 
     def _final_reward(self, assistant: str) -> float:
         return 0.0 if self.reward_fn is None else float(self.reward_fn(assistant, self.row))
+
+
+# ---- tools named in a config ----------------------------------------------------------------------
+class ToolsParams(BaseModel):
+    """The parameters of the built-in environment `tools` (`environment.params`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tools: list[str] = Field(min_length=1, description="the tools: import paths 'package.module:function' of plain typed functions")
+    reward: str | None = Field(None, description="the final turn's reward: a registered reward-function name or 'package.module:function'")
+    call_timeout_s: float = Field(10.0, gt=0, description="seconds one tool call may take")
+    max_invalid_calls: int = Field(2, ge=1, description="turns in a row whose calls all fail to parse before the episode ends")
+    max_calls_per_turn: int = Field(4, ge=1, description="tool calls run per turn; the rest are answered with an error")
+    result_role: Literal["tool", "user"] = Field("tool", description="the role of result messages (user: templates without a tool role)")
+
+
+class ConfiguredTools(ToolEnvironment):
+    """The built-in environment `tools`: a `ToolEnvironment` whose tools and reward are named by
+    import path, so a config file can set them (docs/agents.md):
+
+        environment: {name: tools, params: {tools: [my_pkg.tools:add], reward: exact_match}}
+
+    The reward is called as `reward.functions` are, `fn(prompt, response, gt_answer, **row_fields)`,
+    with the final assistant turn as the response and "" as the prompt (an environment sees the
+    row's fields, not its prompt)."""
+
+    def __init__(self, **params: Any) -> None:
+        checked = self.checked(params, "environment.params")
+        tools = [import_tool(spec, f"environment.params.tools[{i}]") for i, spec in enumerate(checked.tools)]
+        reward = row_reward(checked.reward) if checked.reward is not None else None
+        options = checked.model_dump(exclude={"tools", "reward"})
+        super().__init__(tools, reward, **options)
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any], key: str) -> None:
+        """One-line errors naming `key`'s field: an unknown parameter, a wrong value, a tool that
+        does not import or has no schema, an unknown reward; called when the config is built."""
+        checked = cls.checked(params, key)
+        tools = [import_tool(spec, f"{key}.tools[{i}]") for i, spec in enumerate(checked.tools)]
+        try:
+            for fn in tools:
+                tool_schema(fn)
+            tools_by_name(tools)
+        except ToolSchemaError as err:
+            raise ToolSchemaError(f"{key}.tools: {err}") from None
+        if checked.reward is not None:
+            try:
+                row_reward(checked.reward)
+            except ValueError as err:  # RewardError: unknown name, bad import path
+                raise ToolSchemaError(f"{key}.reward: {err}") from None
+
+    @staticmethod
+    def checked(params: dict[str, Any], key: str) -> ToolsParams:
+        """`params` validated; the first problem as a one-line ToolSchemaError naming its field."""
+        fields = list(ToolsParams.model_fields)
+        for name in params:
+            if name not in fields:
+                raise ToolSchemaError(f"{key}.{name}: the tools environment takes no parameter '{name}'{did_you_mean(name, fields)}; "
+                                      f"its parameters: {', '.join(fields)}")
+        try:
+            return ToolsParams(**params)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"])
+            got = "" if first["type"] == "missing" else f", got {json.dumps(first.get('input'), default=str)[:60]}"
+            raise ToolSchemaError(f"{key}{where}: {first['msg']}{got}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def import_tool(spec: str, key: str) -> Callable:
+    """The function at 'package.module:function' (imported once); a one-line ToolSchemaError naming
+    `key` when the path does not name a function."""
+    module, module_name, attr = import_path(spec, key, "a tool's import path 'package.module:function'", ToolSchemaError)
+    fn = getattr(module, attr, None)
+    if fn is None:
+        choices = [n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")]
+        raise ToolSchemaError(f"{key}: '{module_name}' has no function '{attr}'{did_you_mean(attr, choices)}")
+    if inspect.isclass(fn) or not callable(fn):
+        raise ToolSchemaError(f"{key}: '{spec}' is {type(fn).__name__}, not a function")
+    return fn
+
+
+@functools.lru_cache(maxsize=64)
+def row_reward(spec: str) -> Callable[[str, dict], float]:
+    """A `ToolEnvironment` reward `(text, row) -> float` from a reward function's name or import
+    path, called as the run's reward functions are (see `ConfiguredTools`)."""
+    from olingo.rewards.functions import reward_function  # the rewards layer, only for this
+
+    function = reward_function(spec)
+
+    def reward(text: str, row: dict) -> float:
+        fields = {name: [value] for name, value in row.items() if name != "gt_answer"}
+        return float(function.values([""], [text], [row.get("gt_answer")], fields)[0])
+
+    return reward

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.config import StrictModel
@@ -28,7 +28,7 @@ from olingo.experience_maker.group import GroupExperienceConfig
 from olingo.rl.kl import KLEstimator
 from olingo.rl.logprobs import GPTLMLoss, entropy_from_logits, log_probs_from_logits
 from olingo.rl.masked import masked_mean
-from olingo.rl.policy_loss import GroupPolicyLoss, LossAggregation, loss_units
+from olingo.rl.policy_loss import GroupPolicyLoss, LossAggregation, ObjectiveParams, PolicyObjective, loss_units
 from olingo.trainer.learner import StepShare, TrainedModel, tis_weights
 
 # Stats that are shares of the step's loss: summed over micro-batches and ranks, not averaged.
@@ -54,6 +54,26 @@ class GRPOLossConfig(StrictModel):
         description="truncated importance sampling for a separate rollout engine (vllm): "
         "each token's policy loss x min(pi_old / pi_engine, tis_cap) (null: off; about 2 in Yao et al. 2025)",
     )
+    objective: PolicyObjective = Field(
+        "ppo_clip", description="ppo_clip: the token-ratio clipped surrogate (eps_low/eps_high/dual_clip); gspo / gspo_token: the "
+        "sequence ratio clipped by seq_eps_*; cispo: clipped IS weight x A x log pi; sapo: soft sigmoid gate (docs/algorithms.md)",
+    )
+    seq_eps_low: float = Field(3e-4, gt=0, lt=1, description="gspo: the sequence ratio is kept above 1 - seq_eps_low (GSPO paper: 3e-4)")
+    seq_eps_high: float = Field(4e-4, gt=0, description="gspo: the sequence ratio is kept below 1 + seq_eps_high (GSPO paper: 4e-4)")
+    cispo_max_ratio: float = Field(5.0, gt=1, description="cispo: cap on the stop-gradient importance weight (ScaleRL and TRL: 5)")
+    cispo_min_ratio: float = Field(0.0, ge=0, lt=1, description="cispo: floor on the importance weight (0: none, as in MiniMax-M1)")
+    sapo_tau_pos: float = Field(1.0, gt=0, description="sapo: gate temperature of tokens with A > 0 (paper: 1.0)")
+    sapo_tau_neg: float = Field(1.05, gt=0, description="sapo: gate temperature of tokens with A <= 0 (paper: 1.05)")
+
+    @model_validator(mode="after")
+    def _dual_clip_ppo_only(self) -> GRPOLossConfig:
+        if self.dual_clip is not None and self.objective != "ppo_clip":
+            raise ValueError(f"loss.dual_clip applies to loss.objective ppo_clip only, not {self.objective}")
+        return self
+
+    def objective_params(self) -> ObjectiveParams:
+        """The settings of a non-default objective, for `GroupPolicyLoss`."""
+        return ObjectiveParams(self.seq_eps_low, self.seq_eps_high, self.cispo_max_ratio, self.cispo_min_ratio, self.sapo_tau_pos, self.sapo_tau_neg)
 
 
 class GRPOLearner(TrainedModel):
@@ -76,6 +96,7 @@ class GRPOLearner(TrainedModel):
         self.loss_fn = GroupPolicyLoss(
             self.loss.eps_low, self.loss.eps_high, self.loss.dual_clip, self.loss.aggregation,
             kl_coef=kl_coef if kl_in_loss else 0.0, kl_estimator=kl_estimator, max_length=max_length,
+            objective=self.loss.objective, params=self.loss.objective_params(),
         )
         self.ptx_loss_fn, self.apply_loss_mask = GPTLMLoss(), apply_loss_mask
         self.device = booster.device
