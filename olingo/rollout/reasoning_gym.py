@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from olingo.rollout.environment import EnvStep
+from olingo.tasks.assets import write_jsonl_atomic
 
 FIELD = "reasoning_gym"  # the row field naming the entry
 _INSTALL = "reasoning-gym is not installed: run `make agents` or `pip install -r requirements-agents.txt`"
@@ -149,7 +150,7 @@ def prompt_rows(task: str, size: int, seed: int, system_prompt: str | None = "de
 def write_prompts(path: str | Path, task: str, size: int, seed: int, system_prompt: str | None = "default", **config: Any) -> int:
     """Write `prompt_rows(...)` to `path` as JSONL (data.prompts reads it); returns the row count."""
     rows = prompt_rows(task, size, seed, system_prompt, **config)
-    Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_jsonl_atomic(Path(path), rows)
     return len(rows)
 
 

@@ -22,7 +22,6 @@ after: concurrent episodes stay reproducible and the trainer's random stream is 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import threading
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from typing import Any
 
 from olingo.rewards.registry import one_line
 from olingo.rollout.environment import EnvStep
+from olingo.tasks.assets import write_jsonl_atomic
 
 FIELD = "textarena"  # the row field naming the game
 _INSTALL = "textarena is not installed: run `make agents` or `pip install -r requirements-agents.txt`"
@@ -138,7 +138,7 @@ def prompt_rows(env_id: str, seeds: list[int]) -> list[dict[str, Any]]:
 def write_prompts(path: str | Path, env_id: str, seeds: list[int]) -> int:
     """Write `prompt_rows(env_id, seeds)` to `path` as JSONL (data.prompts reads it); returns the row count."""
     rows = prompt_rows(env_id, seeds)
-    Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_jsonl_atomic(Path(path), rows)
     return len(rows)
 
 

@@ -103,7 +103,7 @@ def prepare_assets(
     }
     for path, make_rows in rows.items():
         if not path.exists():
-            _write_jsonl_atomic(path, make_rows())
+            write_jsonl_atomic(path, make_rows())
     if not assets.model_dir.exists():
         _write_model_atomic(
             assets.model_dir, seed=seed, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads
@@ -126,8 +126,8 @@ def _check_or_write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     _write_text_atomic(path, json.dumps(expected, indent=2, sort_keys=True) + "\n")
 
 
-def _write_jsonl_atomic(path: Path, rows: list[dict[str, str]]) -> None:
-    """Write one JSON object per line."""
+def write_jsonl_atomic(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write one JSON object per line, atomically (a reader never sees a half-written file)."""
     _write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
