@@ -417,4 +417,4 @@ def test_builtin_module_imports_without_wandb():
     # sys.modules['wandb'] = None makes any `import wandb` fail, as if it were not installed.
     code = "import sys; sys.modules['wandb'] = None; import olingo.trainer.callbacks.builtin as b; print(len(b.__all__))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.strip() == "12"
+    assert out.stdout.strip() == "13"

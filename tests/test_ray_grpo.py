@@ -115,7 +115,8 @@ def test_detached_learn_step_equals_grpo_trainer_learn_step(assets, tok, aggrega
     assert any(not torch.equal(want[k], v) for k, v in start.items()), "the step changed nothing"
     assert metrics.keys() == expected_metrics.keys() and "train/kl_loss" in metrics
     for name, value in expected_metrics.items():
-        assert metrics[name] == pytest.approx(value, abs=1e-6), name
+        if name != "perf/learn_tokens_per_s":  # a rate over wall time: two runs never agree
+            assert metrics[name] == pytest.approx(value, abs=1e-6), name
 
 
 # ---- group makers --------------------------------------------------------------------------------------

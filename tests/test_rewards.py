@@ -332,8 +332,10 @@ def test_prompt_dataset_and_collator_pass_extra_fields(assets, tmp_path: Path) -
     assert data[0]["row_fields"] == {"tests": ["2"], "meta": {"src": "a"}, "difficulty": 1}
     assert data[1]["row_fields"] == {"difficulty": 2.5, "flag": True}
     batch = PromptCollator(tok.pad_token_id)([data[i] for i in range(3)])
-    assert set(batch) == {"input_ids", "attention_mask", "gt_answer", "row_fields"}
+    assert set(batch) == {"input_ids", "attention_mask", "gt_answer", "row_fields", "messages"}
     assert batch["gt_answer"] == ["2", "5", None]
+    # the messages each prompt was rendered from (a multi-turn episode renders them again at a template split)
+    assert batch["messages"] == [[{"role": "user", "content": "1+1="}], [{"role": "user", "content": "2+3="}], [{"role": "user", "content": "7-4="}]]
     assert batch["row_fields"] == {
         "tests": [["2"], None, None],
         "meta": [{"src": "a"}, None, None],

@@ -31,7 +31,7 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def without_time(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k != "time"} for row in rows]
+    return [{k: v for k, v in row.items() if k not in ("time", "perf/tokens_per_s")} for row in rows]  # wall-clock values
 
 
 def run(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:

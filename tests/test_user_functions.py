@@ -76,7 +76,7 @@ class AnsweringMaker:
     def __init__(self, answers: list[str]) -> None:
         self.answers = answers
 
-    def rollout_and_score(self, input_ids, attention_mask, gt_answers, generation, row_fields=None):
+    def rollout_and_score(self, input_ids, attention_mask, gt_answers, generation, row_fields=None, *, messages=None):
         ids = input_ids[:, -1].tolist()  # each prompt is one token: its row number
         b = len(ids)
         rollout = Rollout(

@@ -18,6 +18,8 @@ from olingo.cli.commands import print_on_master
 from olingo.cli.parser import HELP_EXAMPLES, STAGE_SUMMARIES, build_parser, config_class
 from olingo.config import packaged_config
 from olingo.errors import OlingoError, ResumeError, RunIOError
+from olingo.threads import apply as apply_threads
+from olingo.threads import prepare as prepare_threads
 from olingo.trainer.interrupt import TrainingInterrupted, handle_stop_signals
 
 # What callers and tests import from here; the parser's tables and `packaged_config` live elsewhere.
@@ -44,6 +46,7 @@ def _debug_requested(argv: list[str]) -> tuple[list[str], bool]:
 
 
 STAGE_COMMANDS = ("sft", "rm", "ppo", "grpo", "dpo", "orpo", "kto")  # the commands a run.resume=last continues
+TORCH_COMMANDS = (*STAGE_COMMANDS, "demo", "experiment")  # the commands that compute with torch (olingo.threads)
 
 
 def _resume_hint(args: argparse.Namespace, argv: list[str], checkpoint: Path | None) -> str:
@@ -61,8 +64,11 @@ def _resume_hint(args: argparse.Namespace, argv: list[str], checkpoint: Path | N
 def main(argv: list[str] | None = None) -> int:
     """Run one olingo command; user errors end in one line on stderr and exit status 2."""
     argv, debug = _debug_requested(sys.argv[1:] if argv is None else list(argv))
+    threads = prepare_threads(argv)  # before parsing: a stage's parser imports torch, which reads the wait policy once
     args = build_parser().parse_args(argv)
     setup_logging()
+    if args.command in TORCH_COMMANDS:
+        apply_threads(threads)
     with handle_stop_signals():
         try:
             return args.handler(args)

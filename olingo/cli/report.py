@@ -7,6 +7,7 @@
 | `reward.png`  | a reward metric is logged       | `*/reward*` curves, a ±std band where `*_std` exists and does not swamp the mean |
 | `kl.png`      | `rollout/kl` is logged, not off | KL per step; an adaptive `rollout/kl_coef` on a second y axis |
 | `loss.png`    | a loss that is on exists        | one panel per loss (`loss`, `policy_loss`, `value_loss`, ...), train and eval lines in it |
+| `overoptimisation.png` | the `reward_monitor` callback ran | proxy and gold reward against steps and against sqrt(KL), flags marked (docs/monitor.md) |
 | `<ns>.png`    | namespace `<ns>` has metrics    | one small panel per metric of `train/`, `rollout/`, `eval/`, `perf/`, `time/`, ... |
 
 What is drawn, and why (each figure says in its text what it left out):
@@ -35,12 +36,15 @@ experiment's report (`write_experiment_report`) is in olingo/cli/report_experime
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from olingo.cli.report_figures import (
     PLOTS_DIR,
     kl_figure,
     loss_figure,
+    monitor_figure,
     namespace_grid,
     reward_figure,
     safe_filename,
@@ -53,7 +57,7 @@ __all__ = ["write_report"]
 def write_report(run_dir: str | Path, *, smooth: int | None = None) -> list[Path]:
     """Write the run's PNG curves into `<run_dir>/plots/` and return their paths.
 
-    Order: `reward.png`, `kl.png`, `loss.png` (each only when its metrics exist and are on),
+    Order: `reward.png`, `kl.png`, `loss.png`, `overoptimisation.png` (each only when its metrics exist and are on),
     then one grid per namespace (`train.png`, `rollout.png`, `eval.png`, `perf.png`, `time.png`,
     others). `smooth`: moving-average window drawn over the faint raw curve; None picks no
     smoothing below 50 points and about len/20 above; 0 or 1 turns smoothing off. Schedules
@@ -70,6 +74,7 @@ def write_report(run_dir: str | Path, *, smooth: int | None = None) -> list[Path
         "reward": reward_figure(series, run_name, smooth),
         "kl": kl_figure(series, run_name, smooth),
         "loss": loss_figure(series, run_name, smooth),
+        "overoptimisation": monitor_figure(series, run_name, _monitor_summary(run_dir)),
     }
     for namespace in dict.fromkeys(s.namespace for s in series.values()):
         figures[namespace] = namespace_grid(series, namespace, run_name, smooth)
@@ -84,3 +89,9 @@ def write_report(run_dir: str | Path, *, smooth: int | None = None) -> list[Path
         fig.savefig(path, dpi=100)
         written.append(path)
     return written
+
+
+def _monitor_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The reward monitor's `monitor.json` (flags, best gold), when the run has one."""
+    path = run_dir / "monitor.json"
+    return json.loads(path.read_text()) if path.is_file() else None

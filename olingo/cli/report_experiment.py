@@ -26,6 +26,7 @@ from olingo.cli.report_figures import (
     window_for,
 )
 from olingo.cli.report_series import METRICS_FILE, Series, is_number, load_series, moving_average
+from olingo.experiment.monitor_report import monitor_section
 from olingo.experiment.results import ArmResult, ExperimentResult, aggregate, final_runs
 from olingo.trainer.callbacks.builtin.metric_output import format_number
 
@@ -76,7 +77,8 @@ def format_experiment_table(result: ExperimentResult) -> str:
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in lines)
     if failed:
         text += "\nnot completed (left out): " + ", ".join(failed)
-    return text
+    monitor = monitor_section(result.arms)  # the reward monitor's verdict per arm, when it ran
+    return text + ("\n" + "\n".join(monitor[1:]) if monitor else "")
 
 
 def scoring_stages(arms: list[ArmResult]) -> dict[str, str]:

@@ -33,6 +33,7 @@ __all__ = [
     "draw",
     "kl_figure",
     "loss_figure",
+    "monitor_figure",
     "namespace_grid",
     "new_figure",
     "reward_figure",
@@ -173,6 +174,54 @@ def namespace_grid(
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     return _titled_grid(fig, f"{run_name}: {namespace}/", off)
+
+
+def monitor_figure(series: dict[str, Series], run_name: str, summary: dict[str, Any] | None) -> Figure | None:
+    """The reward monitor's picture (docs/monitor.md): proxy (left axis) and gold (right axis)
+    against optimizer steps and against sqrt(KL) to the reference, as in Gao et al. 2023,
+    "Scaling laws for reward model overoptimization" (their d = sqrt(KL)). Raised flags are
+    vertical lines (steps) or ringed points (sqrt KL); the best-gold evaluation is a star."""
+    proxy, gold = series.get("monitor/proxy"), series.get("monitor/gold")
+    if proxy is None:
+        return None
+    flags = (summary or {}).get("flags", [])
+    best = (summary or {}).get("best_gold") or {}
+    fig = new_figure((12, 4.5))
+    for i, x_name in enumerate(("step", "monitor/sqrt_kl")):
+        ax = fig.add_subplot(1, 2, i + 1)
+        xs = dict(zip(proxy.steps, proxy.steps, strict=True)) if x_name == "step" else _by_step(series.get(x_name))
+        if not xs:
+            ax.text(0.5, 0.5, "no KL logged (the run has no reference model)", ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
+        lines = [_monitor_line(ax, proxy, xs, "tab:blue", "proxy (training reward)")]
+        right = ax.twinx() if gold is not None else None
+        if gold is not None:
+            lines.append(_monitor_line(right, gold, xs, "tab:orange", "gold (held out)"))
+            if best.get("step") in xs:
+                right.plot([xs[best["step"]]], [best["gold"]], "*", color="tab:orange", markersize=14, label="best gold")
+            right.set_ylabel("gold")
+        for flag in flags:
+            if flag["step"] in xs:
+                ax.axvline(xs[flag["step"]], color="tab:red", linestyle="--", linewidth=1)
+                lines.append(Line2D([], [], color="tab:red", linestyle="--", label=f"{flag['kind']} flagged (step {flag['step']})"))
+        ax.set_xlabel(X_LABEL if x_name == "step" else "sqrt(KL to the reference)")
+        ax.set_ylabel("proxy")
+        ax.grid(alpha=0.3)
+        ax.legend(handles=lines, fontsize=8, loc="center left")
+    fig.suptitle(f"{run_name}: proxy vs gold reward" + (" (flagged)" if flags else " (no flag)"))
+    return fig
+
+
+def _by_step(series: Series | None) -> dict[float, float]:
+    return dict(zip(series.steps, series.values, strict=True)) if series is not None else {}
+
+
+def _monitor_line(ax: Axes, series: Series, xs: dict[float, float], color: str, label: str) -> Line2D:
+    """`series` at the x positions `xs` gives its steps (steps without an x are skipped)."""
+    points = [(xs[step], value) for step, value in zip(series.steps, series.values, strict=True) if step in xs]
+    (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, color=color, label=label)
+    return line
 
 
 def _titled_grid(fig: Figure, title: str, off: list[str]) -> Figure:

@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 METRICS_FILE = "metrics.jsonl"
+MONITOR_FILE = "monitor.jsonl"  # written beside it by the reward_monitor callback (docs/monitor.md)
 # Grids are written in this order; other namespaces follow alphabetically.
 NAMESPACE_ORDER = ("train", "rollout", "eval", "perf", "time")
 # Below this many points a curve is drawn raw; above it the default window is about n/20.
@@ -71,14 +72,14 @@ class Series:
 
 
 def load_series(run_dir: str | Path) -> dict[str, Series]:
-    """Every numeric metric of `<run_dir>/metrics.jsonl`, keyed by label, in plotting order.
+    """Every numeric metric of `<run_dir>/metrics.jsonl` (and `monitor.jsonl`), keyed by label, in plotting order.
 
     Rows without a numeric `step`, and values that are not finite numbers (strings, null,
     booleans, NaN), are skipped; a metric may be missing from any number of rows. An eval
     metric's label names its evaluator only when two evaluators log that same metric.
     """
     path = Path(run_dir) / METRICS_FILE
-    rows = _read_rows(path)
+    rows = _read_rows(path) + _monitor_rows(Path(run_dir))
     shared = _metrics_of_several_evaluators(rows)
     series: dict[str, Series] = {}
     for row in rows:
@@ -111,6 +112,12 @@ def _metrics_of_several_evaluators(rows: list[dict[str, Any]]) -> set[str]:
             for metric in row:
                 names.setdefault(metric, set()).add(row.get("eval_name"))
     return {metric for metric, evaluators in names.items() if len(evaluators) > 1}
+
+
+def _monitor_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The `reward_monitor` callback's rows (`monitor/*`, one per evaluation), when it ran."""
+    path = run_dir / MONITOR_FILE
+    return read_metrics(path, strict=False) if path.is_file() else []
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:

@@ -74,7 +74,7 @@ def extra_fields(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 class PromptDataset(Dataset):
-    """Items: {"input_ids": list[int], "gt_answer": str | None, "row_fields": dict}, unpadded."""
+    """Items: {"input_ids": list[int], "gt_answer": str | None, "row_fields": dict, "messages": list}, unpadded."""
 
     def __init__(self, items: list[dict[str, Any]], num_skipped: int = 0) -> None:
         self.items = items
@@ -106,7 +106,7 @@ def build_prompt_dataset(
             raise ref.error(field, f"the chat template rejected this conversation: {exc}") from exc
         if limit.check(len(ids), ref, field, "the prompt (chat template and generation prompt included)"):
             ids = ids[-max_length:]
-        return {"input_ids": ids, "gt_answer": answer, "row_fields": extra_fields(raw)}
+        return {"input_ids": ids, "gt_answer": answer, "row_fields": extra_fields(raw), "messages": messages}
 
     items, skipped = tokenize_sources(sources, tokenizer, limit, make_item, skip_invalid=skip_invalid, split=split, kind="prompt")
     return PromptDataset(items, num_skipped=skipped)
@@ -115,8 +115,9 @@ def build_prompt_dataset(
 @dataclass(frozen=True)
 class PromptCollator:
     """Left-pads prompts (generation appends on the right): input_ids, attention_mask (B, P),
-    gt_answer, a list of B strings or Nones, and row_fields, {field: list of B values} over
-    every field any item has (None where an item lacks it; {} when there are none)."""
+    gt_answer, a list of B strings or Nones, row_fields, {field: list of B values} over
+    every field any item has (None where an item lacks it; {} when there are none), and messages,
+    the B prompts' messages (None for an item built without them)."""
 
     pad_token_id: int
 
@@ -133,6 +134,7 @@ class PromptCollator:
             "attention_mask": mask,
             "gt_answer": [item["gt_answer"] for item in items],
             "row_fields": collate_row_fields(items),
+            "messages": [item.get("messages") for item in items],
         }
 
 

@@ -105,6 +105,10 @@ class Rollout:
     finish_reasons: list[str] = dataclasses.field(default_factory=list)
     """B entries: "stop" (a stop token or string ended the response) or "length" (it ran to
     max_new_tokens; `truncated` when a stop was expected)."""
+    position_ids: torch.Tensor | None = None
+    """(B, P + A) long, only for rows holding several segments (a multi-turn episode continued in
+    a new segment where its chat template is not append-only: positions restart at 0 there, and
+    a packed forward keeps the segments apart); None: positions count attended tokens."""
 
     @property
     def num_actions(self) -> int:
@@ -124,6 +128,8 @@ def concat_rollouts(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         raise ValueError("concat_rollouts needs at least one rollout")
     if len(rollouts) == 1:
         return rollouts[0]
+    if any(r.position_ids is not None for r in rollouts):
+        raise ValueError("concat_rollouts: rows with segments (position_ids) come from one multi-turn batch and are not concatenated")
     prompt_width = rollouts[0].num_prompt_tokens
     if any(r.num_prompt_tokens != prompt_width for r in rollouts):
         raise ValueError("concat_rollouts: rollouts of prompts padded to different widths")

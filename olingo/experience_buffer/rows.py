@@ -66,6 +66,7 @@ class PaddedRows:
             action_mask=rows(batch.action_mask, 0, a),
             score=rows(batch.score), raw_score=rows(batch.raw_score), truncated=rows(batch.truncated),
             policy_version=min(self.versions[i] for i in indices),
+            position_ids=rows(batch.position_ids, width - p, width + a),
             **{name: rows(getattr(batch, name), 0, a) for name in PER_TOKEN},
         )
 
@@ -99,11 +100,24 @@ def merge_batches(batches: Sequence[Experience], pad_token_id: int, limit: int =
         score=_cat([b.score for b in batches])[keep],
         raw_score=_cat([b.raw_score for b in batches])[keep],
         truncated=_cat([b.truncated for b in batches])[keep],
+        position_ids=_merged_positions(batches, width, actions, keep, attention),
         **{name: torch.where(action, values[keep], values.new_zeros(())) for name, values in per_token.items()},
         **{name: None for name in PER_TOKEN if name not in per_token},
     )
     versions = [b.policy_version for b in batches for _ in range(b.batch_size)][keep]
     return PaddedRows(merged, prompt_lengths.tolist(), response_lengths.tolist(), versions)
+
+
+def _merged_positions(batches: Sequence[Experience], width: int, actions: int, keep: slice, attention: torch.Tensor) -> torch.Tensor | None:
+    """The rows' position ids in the merged layout, when any batch holds rows of several segments
+    (a batch without counts its attended tokens); 0 on padding. None when no batch has them."""
+    if all(b.position_ids is None for b in batches):
+        return None
+    parts = []
+    for b in batches:
+        positions = b.position_ids if b.position_ids is not None else (b.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        parts.append(_widen(positions, width - b.num_prompt_tokens, actions - b.num_actions, 0))
+    return torch.where(attention, _cat(parts)[keep], 0)
 
 
 def _sampled_span(action_mask: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,8 @@ from olingo.rl.masked import masked_sum
 
 # Fields with one (A,) row per sequence; `values` and `returns` exist only with a critic,
 # `base_action_log_probs` and `kl` only with a reference model, `engine_log_probs` only with
-# truncated importance sampling on.
-PER_TOKEN = ("action_log_probs", "base_action_log_probs", "values", "kl", "rewards", "advantages", "returns", "engine_log_probs")
+# truncated importance sampling on, `teacher_log_probs` only with on-policy distillation (a teacher model).
+PER_TOKEN = ("action_log_probs", "base_action_log_probs", "values", "kl", "rewards", "advantages", "returns", "engine_log_probs", "teacher_log_probs")
 CRITIC_FIELDS = ("values", "returns")
 
 
@@ -56,6 +56,14 @@ class Experience:
         engine_log_probs: (B, A) float or None. log pi_engine(token j) as the rollout engine
             reported it while sampling; carried only for truncated importance sampling
             (`tis_cap`), None otherwise.
+        position_ids: (B, P+A) long or None. Only for rows of several segments (a multi-turn
+            episode split where its chat template is not append-only, `Rollout.position_ids`):
+            positions restart at 0 where a segment starts, and every forward over the batch
+            passes them (packed, so segments do not see each other). None: positions count the
+            attended tokens of each row.
+        teacher_log_probs: (B, A) float or None. log pi_teacher(token j) at the sampling
+            temperature, from the frozen teacher of on-policy distillation (`model.teacher`,
+            docs/algorithms.md); None without a teacher.
         info: per-batch scalar diagnostics (mean reward, KL, response length, ...).
     """
 
@@ -74,6 +82,8 @@ class Experience:
     values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     engine_log_probs: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+    teacher_log_probs: torch.Tensor | None = None
     info: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -120,6 +130,8 @@ class BufferItem:
         score, raw_score: () float. truncated: () bool. policy_version: int.
         action_mask: (A_i,) bool, the response tokens the policy sampled, when not all of them are
             (a multi-turn episode: environment tokens are False); None: every token was sampled.
+        positions: (P_i + A_i,) long, the row's position ids when it holds several segments
+            (`Experience.position_ids`); None: 0 .. P_i + A_i - 1.
     """
 
     prompt: torch.Tensor
@@ -130,6 +142,7 @@ class BufferItem:
     truncated: torch.Tensor
     policy_version: int
     action_mask: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
 
 
 def split_experience_batch(experience: Experience) -> list[BufferItem]:
@@ -147,6 +160,7 @@ def split_experience_batch(experience: Experience) -> list[BufferItem]:
     lengths = (experience.action_mask * columns).amax(-1).tolist()  # one past the last sampled token (0: none)
     fields = {name: getattr(experience, name).unbind(0) for name in experience.per_token_fields}
     rows = experience.sequences.unbind(0)
+    positions = experience.position_ids
     items = []
     for i, (p, a) in enumerate(zip(prompt_lengths.tolist(), lengths, strict=True)):
         items.append(
@@ -159,9 +173,15 @@ def split_experience_batch(experience: Experience) -> list[BufferItem]:
                 truncated=experience.truncated[i],
                 policy_version=experience.policy_version,
                 action_mask=None if bool(experience.action_mask[i, :a].all()) else experience.action_mask[i, :a],
+                positions=None if positions is None else _row_positions(positions[i], prompt_mask[i], num_prompt, a),
             )
         )
     return items
+
+
+def _row_positions(positions: torch.Tensor, prompt_mask: torch.Tensor, num_prompt: int, response_length: int) -> torch.Tensor:
+    """One row's position ids over its attended prompt tokens and its first `response_length` response tokens."""
+    return torch.cat([positions[:num_prompt][prompt_mask], positions[num_prompt : num_prompt + response_length]])
 
 
 def make_experience_batch(items: list[BufferItem], pad_token_id: int = 0) -> Experience:
@@ -196,6 +216,7 @@ def make_experience_batch(items: list[BufferItem], pad_token_id: int = 0) -> Exp
             per_token[name][i, :a] = item.per_token[name]
     per_token = {name: torch.where(action_mask, values, values.new_zeros(())) for name, values in per_token.items()}  # 0 off the actions
     return Experience(
+        position_ids=_padded_positions(items, num_prompt, num_actions),
         sequences=sequences,
         attention_mask=attention_mask,
         action_mask=action_mask,
@@ -205,6 +226,18 @@ def make_experience_batch(items: list[BufferItem], pad_token_id: int = 0) -> Exp
         policy_version=min(item.policy_version for item in items),
         **{name: per_token.get(name) for name in PER_TOKEN},
     )
+
+
+def _padded_positions(items: list[BufferItem], num_prompt: int, num_actions: int) -> torch.Tensor | None:
+    """(B, P + A) position ids of items laid out as `make_experience_batch` lays them out, when
+    any item holds segments (items without count 0, 1, ..; padding 0); else None."""
+    if all(item.positions is None for item in items):
+        return None
+    out = torch.zeros((len(items), num_prompt + num_actions), dtype=torch.long)
+    for i, item in enumerate(items):
+        p, a = item.prompt.numel(), item.response.numel()
+        out[i, num_prompt - p : num_prompt + a] = item.positions if item.positions is not None else torch.arange(p + a)
+    return out
 
 
 def experience_info(experience: Experience) -> dict[str, Any]:

@@ -5,7 +5,8 @@ One collect step of the GRPO family, as the algorithm reads (Shao et al. 2024; D
        `inference_batch_size` sequences, so memory does not grow with G
     2. log pi_old of the response tokens, only when a learner step will need it (several
        updates per batch, or the KL in the reward); log pi_ref only with a reference model
-       (kl_coef > 0); both forwards chunked by `logits_forward_batch_size`
+       (kl_coef > 0); log pi_teacher (and then always log pi_old) only with a distillation
+       teacher; every forward chunked by `logits_forward_batch_size`
     3. the sequence score (reward functions and/or a reward model) plus DAPO's soft overlong
        punishment
     -> `sample` returns the batch without advantages: dynamic sampling may still drop groups
@@ -13,7 +14,8 @@ One collect step of the GRPO family, as the algorithm reads (Shao et al. 2024; D
     4. `finish`: advantages of the final batch from the estimator (grpo, dr_grpo, rloo,
        reinforce_pp); batch-level statistics (REINFORCE++ whitening) see exactly the rows
        that will be trained on, on every rank (GDPO, `reward_aggregation: gdpo`: each reward term is
-       normalised in its group at step 3, the weighted sum over the whole batch here)
+       normalised in its group at step 3, the weighted sum over the whole batch here); on-policy
+       distillation then adds distill_coef x (log pi_teacher - log pi_old) per token
 The maths is in `olingo.rl`; this module wires models to it. `GroupExperienceMaker` implements
 `olingo.experience_maker.maker.ExperienceMaker`.
 """
@@ -54,7 +56,8 @@ from olingo.experience_maker.scoring import (
     to_model_device,
 )
 from olingo.rewards.functions import CompositeReward
-from olingo.rl.advantages import batch_normalize, gdpo_group_sum, overlong_penalty, per_token_rewards
+from olingo.rewards.judge import judge_counters
+from olingo.rl.advantages import batch_normalize, distill_advantages, gdpo_group_sum, overlong_penalty, per_token_rewards
 from olingo.rl.kl import kl_estimate
 from olingo.rl.masked import AllReduceSum
 from olingo.rollout import PromptBatch, RolloutSource, SingleTurnSource
@@ -97,6 +100,11 @@ class GroupExperienceConfig(StrictModel):
         None, ge=1,
         description="sequences per forward when scoring old and reference log-probs (default: all at once)",
     )
+    distill_coef: float = Field(
+        0.0, ge=0,
+        description="on-policy distillation: adds coef x (log pi_teacher - log pi_old) to each sampled token's advantage "
+        "(needs model.teacher; both at the sampling temperature; docs/algorithms.md)",
+    )
 
     @model_validator(mode="after")
     def _gdpo_is_grpo(self) -> GroupExperienceConfig:
@@ -115,6 +123,13 @@ def check_reference(kl_coef: float, reference: nn.Module | None) -> None:
         raise ValueError(f"kl_coef={kl_coef} needs a reference model (initial_model, model.reference); pass one, or set kl_coef=0")
 
 
+def check_teacher(distill_coef: float, teacher: nn.Module | None) -> nn.Module | None:
+    """On-policy distillation (distill_coef > 0) needs a teacher; the teacher comes back frozen."""
+    if distill_coef > 0 and teacher is None:
+        raise ValueError(f"experience.distill_coef={distill_coef} needs a teacher model (model.teacher); pass one, or set distill_coef=0")
+    return teacher.eval().requires_grad_(False) if teacher is not None else None
+
+
 class GroupExperienceMaker(SourceBacked):
     """Makes experience in whole groups from prompt batches, without a critic.
 
@@ -129,19 +144,25 @@ class GroupExperienceMaker(SourceBacked):
             every batch is learnt in one optimizer step (the ratio is then exactly 1).
         all_reduce_sum: sums over data-parallel ranks, for batch statistics in `finish` and the
             ranks' agreement in dynamic sampling (None: one process).
+        packing: the actor's, the reference's and a reward model's forwards over the rollouts
+            run padding-free (`olingo.models.packing`, docs/packing.md; `model.packing`).
+        teacher: the frozen teacher of on-policy distillation (`distill_coef`), sharing the
+            actor's tokenizer, or None; with one, log pi_old is always computed.
     """
 
     def __init__(
         self, actor: nn.Module, reward: nn.Module | CompositeReward, reference: nn.Module | None, tokenizer: Any, *,
         config: GroupExperienceConfig | None = None, generation: GenerationSettings | None = None, engine: RolloutEngine | None = None,
         source: RolloutSource | None = None, needs_old_log_probs: bool = True, all_reduce_sum: AllReduceSum | None = None,
+        packing: bool = True, teacher: nn.Module | None = None,
     ) -> None:
         self.config = config or GroupExperienceConfig()
         check_reference(self.config.kl_coef, reference)
+        self.teacher = check_teacher(self.config.distill_coef, teacher)
         self.actor, self.reward, self.reference, self.tokenizer = actor, reward, reference if self.config.kl_coef > 0 else None, tokenizer
         self.generation = generation or GenerationSettings()
         self.source = source or SingleTurnSource(engine or HFEngine(actor, tokenizer), tokenizer.pad_token_id, self.config.inference_batch_size)
-        self.needs_old_log_probs = needs_old_log_probs
+        self.needs_old_log_probs, self.packing = needs_old_log_probs, packing
         self.carry_engine_log_probs = False  # the trainer turns it on for truncated importance sampling
         self.all_reduce_sum = all_reduce_sum
         self.num_generations = self.config.num_generations
@@ -174,44 +195,51 @@ class GroupExperienceMaker(SourceBacked):
     def rollout_and_score(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gt_answers: list[str | None] | None = None,
         generation: GenerationSettings | None = None, row_fields: dict[str, list[Any]] | None = None, *, n: int = 1,
-        with_old_log_probs: bool | None = None,
+        with_old_log_probs: bool | None = None, messages: list | None = None,
     ) -> ScoredRollout:
         """`n` responses to each of the B prompts (prompt-major), log-probs and raw scores.
 
         Evaluation calls it with n=1: the policy's log-probs are then computed only when there
-        is a reference model to compare them with (the KL metric)."""
+        is a reference or a teacher model to compare them with (the KL metrics)."""
         settings = generation or self.generation
         device = next(self.actor.parameters()).device
-        sampled = self.source.sample(PromptBatch(input_ids, attention_mask, gt_answers, row_fields).to(device), settings, n)
+        sampled = self.source.sample(PromptBatch(input_ids, attention_mask, gt_answers, row_fields, messages).to(device), settings, n)
         rollout, prompts = sampled.rollout, sampled.prompts
         temperature = settings.log_prob_temperature
         wants_old = self.reference is not None if with_old_log_probs is None else with_old_log_probs
+        wants_old = wants_old or self.teacher is not None  # the distillation term and teacher_kl need log pi_old
         policy = policy_log_probs(rollout, getattr(self.engine, "shares_weights", True), lambda: self._log_probs(self.actor, rollout, temperature), wants_old)
         log_probs, ref_log_probs = policy.old(self.config.old_logprobs), None
         if self.reference is not None:
             ref_log_probs = self._log_probs(self.reference, rollout, temperature).to(device)
-        scored = score_rollout(self.reward, self.tokenizer, prompts.input_ids, rollout, prompts.gt_answers, prompts.row_fields, log_probs, ref_log_probs)
+        teacher_log_probs = self._log_probs(self.teacher, rollout, temperature).to(device) if self.teacher is not None else None
+        scored = score_rollout(self.reward, self.tokenizer, prompts.input_ids, rollout, prompts.gt_answers, prompts.row_fields, log_probs, ref_log_probs,
+                              packing=self.packing)
+        scored = dataclasses.replace(scored, teacher_log_probs=teacher_log_probs)
         return dataclasses.replace(add_source_reward(scored, sampled), engine_log_probs=policy.engine, engine_info=policy.info)
 
     def _log_probs(self, model: nn.Module, rollout: Any, temperature: float) -> torch.Tensor:
         """log pi(response tokens) under `model`, `logits_forward_batch_size` rows at a time: (B, A)."""
-        seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
+        seq, mask, num_actions, positions = rollout.sequences, rollout.attention_mask, rollout.num_actions, rollout.position_ids
         step = self.config.logits_forward_batch_size or seq.shape[0]
-        parts = [
-            action_log_probs(model, *to_model_device(model, seq[i : i + step], mask[i : i + step]), num_actions, temperature)
-            for i in range(0, seq.shape[0], step)
-        ]
+        parts = []
+        for i in range(0, seq.shape[0], step):
+            inputs = to_model_device(model, seq[i : i + step], mask[i : i + step])
+            segments = positions[i : i + step].to(inputs[0].device) if positions is not None else None
+            parts.append(action_log_probs(model, *inputs, num_actions, temperature, packing=self.packing, position_ids=segments))
         return torch.cat(parts).to(seq.device)
 
     @torch.no_grad()
     def sample(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gt_answers: list[str | None] | None = None, policy_version: int = 0,
-        row_fields: dict[str, list[Any]] | None = None,
+        row_fields: dict[str, list[Any]] | None = None, *, messages: list | None = None,
     ) -> Experience:
-        """B prompts -> B x G scored rollouts, groups contiguous; `advantages` is None until `finish`."""
+        """B prompts -> B x G scored rollouts, groups contiguous; `advantages` is None until `finish`.
+        `messages`: the prompts as messages (`PromptBatch.messages`), for multi-turn template splits."""
         needs_old = self.needs_old_log_probs or self.config.old_logprobs == "engine"  # the engine's differ from the current policy's
         scored = self.rollout_and_score(
-            input_ids, attention_mask, gt_answers, None, row_fields, n=self.num_generations, with_old_log_probs=needs_old or self.kl_in_reward
+            input_ids, attention_mask, gt_answers, None, row_fields, n=self.num_generations, with_old_log_probs=needs_old or self.kl_in_reward,
+            messages=messages,
         )
         rollout, cfg = scored.rollout, self.config
         action_mask = rollout.action_mask
@@ -228,10 +256,11 @@ class GroupExperienceMaker(SourceBacked):
         rewards = per_token_rewards(score, kl if kl is not None else torch.zeros(action_mask.shape, device=score.device), action_mask, kl_coef, "last")
         experience = Experience(
             sequences=rollout.sequences, attention_mask=rollout.attention_mask, action_mask=action_mask,
-            action_log_probs=scored.log_probs if needs_old else None,
+            action_log_probs=scored.log_probs if needs_old or self.teacher is not None else None,  # `finish` drops it if unneeded
             base_action_log_probs=scored.ref_log_probs, kl=kl, rewards=rewards, advantages=None,
             score=score, raw_score=scored.raw_score, truncated=rollout.truncated, policy_version=policy_version,
-            engine_log_probs=scored.engine_log_probs if self.carry_engine_log_probs else None,
+            engine_log_probs=scored.engine_log_probs if self.carry_engine_log_probs else None, position_ids=rollout.position_ids,
+            teacher_log_probs=scored.teacher_log_probs,
         )
         experience.info = {
             **experience_info(experience),
@@ -241,6 +270,9 @@ class GroupExperienceMaker(SourceBacked):
         }
         experience.info.update({f"reward/{name}": float(v.float().mean()) for name, v in scored.reward_terms.items()})
         experience.info.update(term_info)
+        experience.info.update(judge_counters(self.reward))  # a model as judge: calls, cache hits, unreadable grades
+        if scored.teacher_log_probs is not None:  # the summed k1 estimate of KL(student || teacher), as eval/teacher_kl
+            experience.info["teacher_kl"] = float(kl_estimate(scored.log_probs, scored.teacher_log_probs, "k1", action_mask).sum(-1).mean())
         self.last_samples = scored.samples()
         return experience
 
@@ -261,7 +293,8 @@ class GroupExperienceMaker(SourceBacked):
     # ---- 4: advantages of the final batch ---------------------------------------------------------
     @torch.no_grad()
     def finish(self, experience: Experience) -> Experience:
-        """The batch with its advantages, from the estimator over whole groups."""
+        """The batch with its advantages, from the estimator over whole groups, plus the
+        distillation term with a teacher (`distill_advantages`)."""
         if experience.batch_size % self.num_generations:
             raise ValueError(f"a batch of {experience.batch_size} rollouts is not whole groups of {self.num_generations}")
         kl_rewards = None
@@ -271,7 +304,14 @@ class GroupExperienceMaker(SourceBacked):
         if self.config.reward_aggregation == "gdpo":  # GDPO's last step: over the batch of every rank (Liu et al. 2026)
             score = batch_normalize(score.float(), self.config.std_eps, self.all_reduce_sum)
         advantages, _ = self.estimator(AdvantageInputs(experience.rewards, score, experience.action_mask, None, kl_rewards))
-        return dataclasses.replace(experience, advantages=advantages)
+        if experience.teacher_log_probs is None:
+            return dataclasses.replace(experience, advantages=advantages)
+        advantages = distill_advantages(
+            advantages, experience.action_log_probs, experience.teacher_log_probs, experience.action_mask, self.config.distill_coef,
+        )
+        # log pi_old was kept for the term above; a learner that needs no pi_old (ratio exactly 1) gets none, as without a teacher
+        needs_old = self.needs_old_log_probs or self.config.old_logprobs == "engine"
+        return dataclasses.replace(experience, advantages=advantages, action_log_probs=experience.action_log_probs if needs_old else None)
 
     # ---- one collect step: sample (dynamic sampling: until the batch is full), finish ------------
     def collect(self, next_prompts: Callable[[], PromptBatch], policy_version: int) -> CollectedBatch:
@@ -281,7 +321,7 @@ class GroupExperienceMaker(SourceBacked):
 
         def draw() -> Experience:
             prompts = first.pop() if first else next_prompts()
-            return self.sample(prompts.input_ids, prompts.attention_mask, prompts.gt_answers, policy_version, prompts.row_fields)
+            return self.sample(prompts.input_ids, prompts.attention_mask, prompts.gt_answers, policy_version, prompts.row_fields, messages=prompts.messages)
 
         if not self.config.dynamic_sampling:
             experience = draw()

@@ -61,6 +61,7 @@ class ExperienceMaker(Protocol):
     generation: GenerationSettings
     carry_engine_log_probs: bool  # keep the engine's log-probs for truncated importance sampling
     last_samples: list[dict[str, Any]]  # texts of the last batch, for the sample logs
+    packing: bool  # forwards over rollouts run padding-free (olingo.models.packing)
 
     @property
     def engine(self) -> RolloutEngine: ...
@@ -76,7 +77,7 @@ class ExperienceMaker(Protocol):
 
     def rollout_and_score(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gt_answers: list[str | None] | None = None,
-        generation: GenerationSettings | None = None, row_fields: dict[str, list[Any]] | None = None,
+        generation: GenerationSettings | None = None, row_fields: dict[str, list[Any]] | None = None, *, messages: list | None = None,
     ) -> ScoredRollout: ...
 
     def state_dict(self) -> dict[str, Any]: ...

@@ -46,6 +46,7 @@ from olingo.experience_maker.scoring import (
     to_model_device,
 )
 from olingo.rewards.functions import CompositeReward
+from olingo.rewards.judge import judge_counters
 from olingo.rl.advantages import per_token_rewards, place_turn_rewards
 from olingo.rl.kl import kl_estimate
 from olingo.rl.masked import AllReduceSum, masked_whiten
@@ -74,6 +75,8 @@ class PPOExperienceMaker(SourceBacked):
         all_reduce_sum: sums a tensor over data-parallel ranks (None: one process). It keeps
             what must agree across ranks global: the adaptive KL coefficient, the running
             reward statistics and, with `global_whitening`, the advantage statistics.
+        packing: the actor's, reference's, critic's and a reward model's forwards over the
+            rollouts run padding-free (`olingo.models.packing`, docs/packing.md; `model.packing`).
     """
 
     def __init__(
@@ -92,13 +95,14 @@ class PPOExperienceMaker(SourceBacked):
         estimator: AdvantageEstimator | None = None,
         generation: GenerationSettings | None = None,
         all_reduce_sum: AllReduceSum | None = None,
+        packing: bool = True,
     ) -> None:
         config = config or ExperienceConfig()
         if kl_coef is not None:
             config = config.model_copy(update={"kl_coef": kl_coef})
         self.config, self.shaping = config, shaping or RewardShaping()
         self.actor, self.critic, self.reward_model, self.initial_model = actor, critic, reward_model, initial_model
-        self.tokenizer = tokenizer
+        self.tokenizer, self.packing = tokenizer, packing
         self.source = source or SingleTurnSource(engine or HFEngine(actor, tokenizer, with_log_probs=config.reuse_rollout_log_probs), tokenizer.pad_token_id)
         self.estimator = estimator or build_advantage_estimator(config)
         self.kl_ctl = (
@@ -119,49 +123,55 @@ class PPOExperienceMaker(SourceBacked):
     def collect(self, next_prompts: Callable[[], PromptBatch], policy_version: int) -> CollectedBatch:
         """One collect step: a prompt batch made into experience (see `make_experience`)."""
         prompts = next_prompts()
-        experience = self.make_experience(prompts.input_ids, prompts.attention_mask, prompts.gt_answers, policy_version, prompts.row_fields)
+        experience = self.make_experience(
+            prompts.input_ids, prompts.attention_mask, prompts.gt_answers, policy_version, prompts.row_fields, messages=prompts.messages,
+        )
         return CollectedBatch(experience, experience.info, float(experience.action_mask.sum()))
 
     @torch.no_grad()
     def rollout_and_score(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gt_answers: list[str | None] | None = None,
-        generation: GenerationSettings | None = None, row_fields: dict[str, list[Any]] | None = None,
+        generation: GenerationSettings | None = None, row_fields: dict[str, list[Any]] | None = None, *, messages: list | None = None,
     ) -> ScoredRollout:
         """Steps 1, 2 and 4 (before normalisation): generate, log-probs, raw reward.
 
-        `row_fields`: the prompt rows' extra fields (`{field: B values}`), for reward functions."""
+        `row_fields`: the prompt rows' extra fields (`{field: B values}`), for reward functions;
+        `messages`: the prompts as messages (`PromptBatch.messages`), for multi-turn template splits."""
         settings = generation or self.generation
         device = next(self.actor.parameters()).device
-        sampled = self.source.sample(PromptBatch(input_ids, attention_mask, gt_answers, row_fields).to(device), settings)
+        sampled = self.source.sample(PromptBatch(input_ids, attention_mask, gt_answers, row_fields, messages).to(device), settings)
         rollout = sampled.rollout
-        seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
+        seq, mask, num_actions, positions = rollout.sequences, rollout.attention_mask, rollout.num_actions, rollout.position_ids
         temperature = settings.log_prob_temperature
-        policy = policy_log_probs(
-            rollout, getattr(self.engine, "shares_weights", True), lambda: action_log_probs(self.actor, seq, mask, num_actions, temperature), wanted=True,
-        )
+        def score() -> torch.Tensor:
+            return action_log_probs(self.actor, seq, mask, num_actions, temperature, packing=self.packing, position_ids=positions)
+
+        policy = policy_log_probs(rollout, getattr(self.engine, "shares_weights", True), score, wanted=True)
         log_probs = policy.old(self.config.old_logprobs)
         if self.config.skip_reference_when_kl_zero and isinstance(self.kl_ctl, FixedKLController) and self.kl_ctl.value == 0:
             ref_log_probs = log_probs  # KL is exactly 0 and -0 * KL adds nothing to any reward
         else:
-            ref_log_probs = action_log_probs(self.initial_model, *to_model_device(self.initial_model, seq, mask), num_actions, temperature).to(device)
-        scored = score_rollout(self.reward_model, self.tokenizer, input_ids, rollout, gt_answers, row_fields, log_probs, ref_log_probs)
+            inputs = to_model_device(self.initial_model, seq, mask)
+            segments = positions.to(inputs[0].device) if positions is not None else None
+            ref_log_probs = action_log_probs(self.initial_model, *inputs, num_actions, temperature, packing=self.packing, position_ids=segments).to(device)
+        scored = score_rollout(self.reward_model, self.tokenizer, input_ids, rollout, gt_answers, row_fields, log_probs, ref_log_probs, packing=self.packing)
         return dataclasses.replace(add_source_reward(scored, sampled), engine_log_probs=policy.engine, engine_info=policy.info)
 
     @torch.no_grad()
     def make_experience(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, gt_answers: list[str | None] | None = None, policy_version: int = 0,
-        row_fields: dict[str, list[Any]] | None = None, **generate_kwargs: Any,
+        row_fields: dict[str, list[Any]] | None = None, *, messages: list | None = None, **generate_kwargs: Any,
     ) -> Experience:
         """One batch of experience from left-padded prompts (B, P); see the module docstring."""
         settings = self.generation if not generate_kwargs else GenerationSettings.from_kwargs(**{**vars(self.generation), **generate_kwargs})
-        scored = self.rollout_and_score(input_ids, attention_mask, gt_answers, settings, row_fields)
+        scored = self.rollout_and_score(input_ids, attention_mask, gt_answers, settings, row_fields, messages=messages)
         if self.critic is None and self.estimator.needs_critic:
             raise ValueError(f"the advantage estimator '{self.config.advantage}' needs a critic, and this maker has none")
         rollout, cfg = scored.rollout, self.config
         seq, mask, action_mask = rollout.sequences, rollout.attention_mask, rollout.action_mask
         values = None
         if self.critic is not None:
-            values = action_values(self.critic, seq, mask, rollout.num_actions).float()
+            values = action_values(self.critic, seq, mask, rollout.num_actions, packing=self.packing, position_ids=rollout.position_ids).float()
             values = torch.where(action_mask, values, torch.zeros_like(values))  # a select: padding may hold inf
         kl = kl_estimate(scored.log_probs, scored.ref_log_probs, cfg.kl_estimator, action_mask)
         score = self.shape_score(scored.raw_score, rollout.truncated)
@@ -178,8 +188,10 @@ class PPOExperienceMaker(SourceBacked):
             kl=kl, rewards=rewards, advantages=advantages, values=values, returns=returns,
             score=score, raw_score=scored.raw_score, truncated=rollout.truncated,
             policy_version=policy_version, engine_log_probs=scored.engine_log_probs if self.carry_engine_log_probs else None,
+            position_ids=rollout.position_ids,
         )
         experience.info = {**experience_info(experience), "kl_coef": self.kl_ctl.value, **scored.engine_info, **scored.source_info}
+        experience.info.update(judge_counters(self.reward_model))  # a model as judge: calls, cache hits, unreadable grades
         experience.info.update({f"reward/{name}": float(values.float().mean()) for name, values in scored.reward_terms.items()})
         self.last_samples = scored.samples()
         self.kl_ctl.update(*self._global_kl(experience.info["kl"], experience.batch_size))

@@ -12,33 +12,47 @@ import torch
 from torch import nn
 
 from olingo.engines import Rollout
-from olingo.models.utils import keeps_logits, position_ids_from_mask
+from olingo.models.packing import lm_logits
+from olingo.models.reward_model import RewardModel
 from olingo.rewards.functions import CompositeReward
 from olingo.rl.logprobs import log_probs_from_logits
 
 
-def policy_logits(model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0) -> torch.Tensor:
+def policy_logits(
+    model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0, *, packing: bool = False,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Logits that predict the A response tokens: (B, A, V), divided by the sampling temperature.
 
     Position P+j-1 predicts response token j. Positions are counted over attended tokens, the
     way `generate` counts them on left-padded prompts, so these logits are the ones sampled from.
     Dividing by `temperature` makes log-probs those of the distribution actually sampled.
+    packing: run the rows padding-free (`olingo.models.packing.lm_logits`, docs/packing.md);
+    the logits of attended positions are the padded forward's up to float rounding.
+    position_ids: (B, P + A) for rows of several segments (`Rollout.position_ids`; packing only).
     """
-    keep = {"logits_to_keep": num_actions + 1} if keeps_logits(model) else {}  # the prompt's logits are not needed
-    logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask), use_cache=False, **keep).logits
+    logits = lm_logits(model, sequences, attention_mask, packing=packing, last=num_actions + 1, position_ids=position_ids)  # the prompt's logits are not needed
     logits = logits[:, -num_actions - 1 : -1]
     return logits / temperature if temperature != 1.0 else logits
 
 
-def action_log_probs(model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0) -> torch.Tensor:
+def action_log_probs(
+    model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0, *, packing: bool = False,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
     """log pi(response token j | prefix): (B, A)."""
-    logits = policy_logits(model, sequences, attention_mask, num_actions, temperature)
+    logits = policy_logits(model, sequences, attention_mask, num_actions, temperature, packing=packing, position_ids=position_ids)
     return log_probs_from_logits(logits, sequences[:, -num_actions:])
 
 
-def action_values(critic: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int) -> torch.Tensor:
-    """V(state before response token j): (B, A), the critic at positions P-1 .. P+A-2."""
-    return critic(sequences, attention_mask)[:, -num_actions - 1 : -1]
+def action_values(
+    critic: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, *, packing: bool = False,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """V(state before response token j): (B, A), the critic at positions P-1 .. P+A-2 (packing: padding-free;
+    position_ids: rows of several segments, see `policy_logits`)."""
+    segments = {"position_ids": position_ids} if position_ids is not None else {}  # a user's critic keeps its own signature
+    return critic(sequences, attention_mask, packing=packing, **segments)[:, -num_actions - 1 : -1]
 
 
 @dataclass
@@ -69,6 +83,8 @@ class ScoredRollout:
     logged as `rollout/<name>`."""
     turn_rewards: torch.Tensor | None = None
     """(B, A): the environment's step rewards at the turns they answered (`SampledBatch.turn_rewards`)."""
+    teacher_log_probs: torch.Tensor | None = None
+    """(B, A): log pi_teacher of the sampled tokens, with a distillation teacher (`model.teacher`)."""
 
     def samples(self) -> list[dict[str, Any]]:
         """One JSON-ready dict per rollout: prompt, response, gt_answer, reward, truncated."""
@@ -103,11 +119,12 @@ def response_span(rollout: Rollout) -> torch.Tensor:
 def score_rollout(
     reward: nn.Module | CompositeReward, tokenizer: Any, input_ids: torch.Tensor, rollout: Rollout,
     gt_answers: list[str | None] | None, row_fields: dict[str, list[Any]] | None,
-    log_probs: torch.Tensor | None = None, ref_log_probs: torch.Tensor | None = None,
+    log_probs: torch.Tensor | None = None, ref_log_probs: torch.Tensor | None = None, *, packing: bool = False,
 ) -> ScoredRollout:
     """Decode the prompts (B, P) and responses of `rollout` and score them: reward functions
     (and a neural term) on text, or a reward model at the last attended token, which is the
-    stop token, exactly where reward-model training reads. Scores land on the rollout's device."""
+    stop token, exactly where reward-model training reads. Scores land on the rollout's device.
+    packing: an olingo `RewardModel` scores the rows padding-free (any other scorer as it is)."""
     seq, mask, num_actions = rollout.sequences, rollout.attention_mask, rollout.num_actions
     device = seq.device
     prompts = tokenizer.batch_decode(input_ids, skip_special_tokens=True)
@@ -117,10 +134,15 @@ def score_rollout(
     if isinstance(reward, CompositeReward):
         neural = reward.neural
         inputs = to_model_device(neural, seq, mask) if isinstance(neural, nn.Module) else (seq, mask)
+        if isinstance(neural, RewardModel):  # RewardModel.forward(ids, mask, packing, position_ids)
+            inputs = (*inputs, packing, _on(rollout.position_ids, inputs[0]))
         scores = reward.score(prompts, responses, gt_answers, row_fields, model_inputs=inputs)
         raw_score, terms = scores.total.to(device), scores.terms
     else:
-        raw_score = reward(*to_model_device(reward, seq, mask)).float().to(device)
+        inputs = to_model_device(reward, seq, mask)
+        segments = {"position_ids": _on(rollout.position_ids, inputs[0])} if rollout.position_ids is not None else {}
+        packed = {"packing": packing, **segments} if isinstance(reward, RewardModel) else {}  # a user's scorer keeps its own signature
+        raw_score = reward(*inputs, **packed).float().to(device)
     return ScoredRollout(rollout, log_probs, ref_log_probs, raw_score, prompts, responses, gt_answers, terms)
 
 
@@ -141,3 +163,8 @@ def to_model_device(model: nn.Module, *tensors: torch.Tensor) -> tuple[torch.Ten
     """`tensors` moved to `model`'s device (inference models may sit elsewhere than the actor)."""
     device = next(model.parameters()).device
     return tuple(t.to(device) for t in tensors)
+
+
+def _on(position_ids: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """`position_ids` on the device of `like` (the model's inputs), or None."""
+    return None if position_ids is None else position_ids.to(like.device)

@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from olingo.experiment.monitor_report import monitor_section, run_monitor_lines
 from olingo.experiment.results import ArmResult, aggregate
 from olingo.trainer.callbacks.base import Callback
 from olingo.trainer.callbacks.builtin.metric_output import as_number, format_number
@@ -103,7 +104,8 @@ class LocalLogger(Callback):
         status = "failed" if artifacts.error is not None else "completed"
         arm = ArmResult(name=Path(state.output_dir).name, run_config=state.config or {}, status=status, metrics=dict(self._last),
                         error=repr(artifacts.error) if artifacts.error else None, train_seconds=artifacts.train_seconds,
-                        steps=artifacts.completed_steps, requested_steps=artifacts.requested_steps, stopped_early=artifacts.stopped_early)
+                        steps=artifacts.completed_steps, requested_steps=artifacts.requested_steps, stopped_early=artifacts.stopped_early,
+                        run_dir=str(state.output_dir))
         (Path(state.output_dir) / "summary.md").write_text(run_summary(arm))
 
 
@@ -146,6 +148,7 @@ def run_summary(arm: ArmResult) -> str:
         at = "after training" if result.step is None else f"step {result.step}"
         lines += ["", f"## {result.name} ({at})", ""] + [f"- {k}: {_fmt(v)}" for k, v in result.metrics.items()]
         lines += [f"- {key}: " + ", ".join(f"{v} {_fmt(x)}" for v, x in values.items()) for key, values in result.breakdowns.items()]
+    lines += run_monitor_lines(arm)  # the reward monitor's flags, when it watched the run
     if arm.error:
         lines += ["", "## error", "", "```", arm.error.rstrip(), "```"]
     return "\n".join(lines) + "\n"
@@ -166,5 +169,6 @@ def experiment_markdown(name: str, status: str, hypothesis: str, metric: str | N
         for arm, row in table.items():
             cells = [f"{_fmt(row[k][0])} +- {_fmt(row[k][1])} (n={row[k][2]})" if k in row else "" for k in keys]
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += monitor_section(arms)
     lines += ["", "## Conclusion", "", conclusion]
     return "\n".join(lines) + "\n"

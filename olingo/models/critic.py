@@ -17,6 +17,9 @@ class Critic(RewardModel):
 
     kind = "critic"
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        """input_ids, attention_mask: (B, L) -> values (B, L); position t values the prefix ..t."""
-        return self.values(input_ids, attention_mask)
+    def forward(  # type: ignore[override]
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: bool = False, position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids, attention_mask: (B, L) -> values (B, L); position t values the prefix ..t
+        (packing, position_ids: see `RewardModel.values`)."""
+        return self.values(input_ids, attention_mask, packing, position_ids)

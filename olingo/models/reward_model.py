@@ -36,6 +36,7 @@ from olingo.models.loading import (
     load_safetensors_into,
     resolve_dtype,
 )
+from olingo.models.packing import check_packing, pack_batch, unpack
 from olingo.models.sources import resolve_model_path
 from olingo.models.utils import last_attended_index, position_ids_from_mask
 
@@ -90,20 +91,26 @@ class RewardModel(nn.Module):
     def config(self):  # returns the wrapped model's PretrainedConfig
         return self.model.config
 
-    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The value head at every position: (B, L). Critics read these per token."""
-        body = getattr(self.model, self.model.base_model_prefix)
-        hidden = body(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-        ).last_hidden_state
-        return self.model.score(hidden).squeeze(-1)
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: bool = False, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The value head at every position: (B, L). Critics read these per token.
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        packing: run the attended tokens padding-free (`olingo.models.packing`); padding reads 0.
+        position_ids: (B, L) for rows of several segments (`pack_batch`); they need packing.
+        """
+        body = getattr(self.model, self.model.base_model_prefix)
+        if position_ids is not None and not packing:
+            raise ValueError("rows holding several segments (position_ids) need model.packing: true")
+        if not packing:
+            hidden = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+            return self.model.score(hidden.last_hidden_state).squeeze(-1)
+        check_packing(self, lambda ids, pos: body(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state)
+        packed = pack_batch(input_ids, attention_mask, position_ids=position_ids)
+        hidden = body(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).last_hidden_state
+        return unpack(self.model.score(hidden).squeeze(-1), packed)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: bool = False, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Score at the last attended token. input_ids, attention_mask: (B, L) -> (B,)."""
-        values = self.values(input_ids, attention_mask)
+        values = self.values(input_ids, attention_mask, packing, position_ids)
         rows = torch.arange(values.shape[0], device=values.device)
         return values[rows, last_attended_index(attention_mask)]
 

@@ -59,6 +59,7 @@ class DetachedGRPOTrainer(DetachedTrainer):
             AdamW at `actor_lr`.
         max_grad_norm: gradient clipping (None: off).
         tokenizer_fn: () -> tokenizer, saved next to the actor in checkpoints.
+        packing: the learn forwards run padding-free (`model.packing`).
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class DetachedGRPOTrainer(DetachedTrainer):
         max_grad_norm: float | None = 1.0,
         tokenizer_fn: Callable[[], Any] | None = None,
         seed: int = 0,
+        packing: bool = True,
         **trainer_kwargs: Any,
     ) -> None:
         super().__init__(experience_maker_holder_name_list, train_batch_size, buffer_limit, dataloader_pin_memory, callbacks, debug, **trainer_kwargs)
@@ -97,6 +99,7 @@ class DetachedGRPOTrainer(DetachedTrainer):
         self.learner = GRPOLearner(
             booster, actor, optim, scheduler, loss_config, kl_coef=experience_config.kl_coef, kl_estimator=experience_config.estimator_name,
             kl_in_loss=experience_config.kl_penalty == "loss", max_length=max_new_tokens,
+            packing=packing,
         )
         self.device = self.learner.device
         self.micro_batch_size, self.temperature = micro_batch_size, temperature

@@ -50,6 +50,7 @@ class DetachedPPOTrainer(DetachedTrainer):
             with raw torch optimizers; default AdamW at `actor_lr` / `critic_lr`.
         max_grad_norm: gradient clipping of each model (None: off).
         tokenizer_fn: () -> tokenizer, saved next to the actor in checkpoints.
+        packing: the learn forwards of actor and critic run padding-free (`model.packing`).
     """
 
     def __init__(
@@ -73,6 +74,7 @@ class DetachedPPOTrainer(DetachedTrainer):
         max_grad_norm: float | None = 1.0,
         tokenizer_fn: Callable[[], Any] | None = None,
         seed: int = 0,
+        packing: bool = True,
         **trainer_kwargs: Any,
     ) -> None:
         super().__init__(experience_maker_holder_name_list, train_batch_size, buffer_limit, dataloader_pin_memory, callbacks, debug, **trainer_kwargs)
@@ -84,7 +86,7 @@ class DetachedPPOTrainer(DetachedTrainer):
         critic, critic_optim, _, _, critic_scheduler = critic_booster.boost(critic, critic_optim, lr_scheduler=critic_scheduler)
         self.learner = PPOLearner.build(
             actor_booster, critic_booster, actor, critic, actor_optim, critic_optim, actor_scheduler, critic_scheduler,
-            PPOLossConfig(eps_clip=eps_clip, value_clip=value_clip, vf_coef=vf_coef, tis_cap=tis_cap),
+            PPOLossConfig(eps_clip=eps_clip, value_clip=value_clip, vf_coef=vf_coef, tis_cap=tis_cap), packing=packing,
         )
         self.device = self.learner.device
         self.temperature = temperature

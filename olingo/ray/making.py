@@ -44,15 +44,18 @@ class SourceSection(Protocol):
     """A config section that builds a rollout source on an engine (the recipes' `environment:`
     section, `EnvironmentConfig`): None when it names no environment."""
 
-    def source(self, engine: Any, tokenizer: Any) -> RolloutSource | None: ...
+    def source(self, engine: Any, tokenizer: Any, *, split_rows: bool = False) -> RolloutSource | None: ...
 
 
-def episode_source(section: SourceSection | None, engine: RolloutEngine | None, actor: Any, tokenizer: Any) -> RolloutSource | None:
+def episode_source(
+    section: SourceSection | None, engine: RolloutEngine | None, actor: Any, tokenizer: Any, *, split_rows: bool = False,
+) -> RolloutSource | None:
     """The maker's multi-turn source from `section`, sampling through `engine` (default:
-    transformers `generate` on the maker's actor, as a local run does); None: single-turn."""
+    transformers `generate` on the maker's actor, as a local run does); None: single-turn.
+    split_rows: a template split goes on in a new segment of the row (the maker's forwards pack)."""
     if section is None:
         return None
-    return section.source(engine or HFEngine(actor, tokenizer), tokenizer)
+    return section.source(engine or HFEngine(actor, tokenizer), tokenizer, split_rows=split_rows)
 
 
 def draws(batch: Collated, next_batch: Callable[[], Collated]) -> Callable[[], PromptBatch]:
@@ -64,13 +67,14 @@ def draws(batch: Collated, next_batch: Callable[[], Collated]) -> Callable[[], P
 class PPOMaking:
     """PPO experience: `PPOExperienceMaker` over the four models `model_fn` returns
     (actor, critic, reward, reference). Its state: the KL controller and reward statistics.
-    `environment`: the `environment:` section; its episodes are the maker's rollouts."""
+    `environment`: the `environment:` section; its episodes are the maker's rollouts.
+    `packing`: the maker's forwards over rollouts run padding-free (`model.packing`)."""
 
     def __init__(
         self, kl_coef: float | None = None, config: ExperienceConfig | None = None, shaping: RewardShaping | None = None, *,
-        carry_engine_log_probs: bool = False, environment: SourceSection | None = None,
+        carry_engine_log_probs: bool = False, environment: SourceSection | None = None, packing: bool = True,
     ) -> None:
-        self.kl_coef, self.config, self.shaping, self.environment = kl_coef, config, shaping, environment
+        self.kl_coef, self.config, self.shaping, self.environment, self.packing = kl_coef, config, shaping, environment, packing
         self.carry_engine_log_probs = carry_engine_log_probs  # truncated importance sampling in the trainer
         self.counts: dict[str, float] = {}  # nothing beyond the holder's own counts
 
@@ -80,7 +84,7 @@ class PPOMaking:
         maker = PPOExperienceMaker(
             actor.eval(), critic.eval(), reward_model, initial_model, tokenizer, self.kl_coef,
             config=self.config, shaping=self.shaping, generation=generation, engine=engine,
-            source=episode_source(self.environment, engine, actor, tokenizer),
+            source=episode_source(self.environment, engine, actor, tokenizer, split_rows=self.packing), packing=self.packing,
         )
         maker.carry_engine_log_probs = self.carry_engine_log_probs
         return maker
@@ -110,13 +114,14 @@ class GroupMaking:
             steps per sync, several passes, or stale batches allowed); without it the ratio is 1.
         environment: the `environment:` section; its episodes are the maker's rollouts (a group:
             the G episodes of one prompt).
+        packing: the maker's forwards over rollouts run padding-free (`model.packing`).
     """
 
     def __init__(
         self, config: GroupExperienceConfig, needs_old_log_probs: bool = True, *, carry_engine_log_probs: bool = False,
-        environment: SourceSection | None = None,
+        environment: SourceSection | None = None, packing: bool = True,
     ) -> None:
-        self.config, self.needs_old_log_probs, self.environment = config, needs_old_log_probs, environment
+        self.config, self.needs_old_log_probs, self.environment, self.packing = config, needs_old_log_probs, environment, packing
         self.carry_engine_log_probs = carry_engine_log_probs  # truncated importance sampling in the trainer
         self.counts: dict[str, float] = {"sampled_groups": 0, "kept_groups": 0} if config.dynamic_sampling else {}
 
@@ -125,7 +130,8 @@ class GroupMaking:
         engine = engine_fn(actor, tokenizer) if engine_fn is not None else None
         maker = GroupExperienceMaker(
             actor.eval(), reward, reference, tokenizer, config=self.config, generation=generation, engine=engine,
-            needs_old_log_probs=self.needs_old_log_probs, source=episode_source(self.environment, engine, actor, tokenizer),
+            needs_old_log_probs=self.needs_old_log_probs, source=episode_source(self.environment, engine, actor, tokenizer, split_rows=self.packing),
+            packing=self.packing,
         )
         maker.carry_engine_log_probs = self.carry_engine_log_probs
         return maker

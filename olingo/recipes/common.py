@@ -18,10 +18,12 @@ from olingo.booster import Booster, Plugin, SingleProcessPlugin, TorchDDPPlugin,
 from olingo.cluster import DistCoordinator
 from olingo.config import ConfigError, HomePath, StrictModel, dump_config, packaged_config  # noqa: F401 - packaged_config moved to olingo.config, still importable here
 from olingo.dataset.chat_tokens import encode_chat
+from olingo.dataset.sampler import dataset_lengths
 from olingo.errors import ResumeError, RunIOError, check_installed
 from olingo.models.gguf import PACKAGED_MODELS
 from olingo.models.loading import check_model_path
 from olingo.models.lora import apply_lora
+from olingo.models.packing import PACKING_DESCRIPTION
 from olingo.models.sources import (  # noqa: F401 - resolution lives in olingo.models; these names stay importable here
     BUILTIN_PREFIX,
     assets_root,
@@ -29,6 +31,7 @@ from olingo.models.sources import (  # noqa: F401 - resolution lives in olingo.m
     resolve_model_path,
     resolve_path,
 )
+from olingo.threads import ThreadCount
 from olingo.trainer.callbacks import Callback, LogContext, build_callback
 from olingo.trainer.checkpoint import MANIFEST, CheckpointManager
 from olingo.trainer.loop_support import Evaluator
@@ -46,6 +49,16 @@ class RunConfig(StrictModel):
     seed: int = Field(42, ge=0, description="the one seed of the run (python, numpy, torch, data order)")
     resume: HomePath | None = Field(None, description="'last' = continue from the run's last checkpoint; or a checkpoint directory")
     overwrite: bool = Field(False, description="delete an existing run directory instead of refusing to start")
+    threads: ThreadCount = Field(
+        "auto", description="torch's CPU threads (read by the olingo command before torch loads; OMP_NUM_THREADS wins); "
+        "auto = torch's own count, one per physical core: never read from the machine's load, which would make a seeded run's "
+        "numbers depend on it (docs/scaling.md)",
+    )
+    omp_wait: Literal["auto", "active", "passive"] = Field(
+        "auto", description="how torch's idle OpenMP workers wait: auto = spin briefly (GOMP_SPINCOUNT=1000), then sleep; "
+        "active = spin (fastest alone, several times slower beside other work); passive = sleep at once; "
+        "OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment win",
+    )
 
 
 class LoraSettings(StrictModel):
@@ -88,6 +101,7 @@ class ModelConfig(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    packing: bool = Field(True, description=PACKING_DESCRIPTION)
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA adapters via peft (lora.r > 0); merged into the exported model")
 
 
@@ -151,6 +165,11 @@ class OptimConfig(OptimizerConfig):
     accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     save_interval: int = Field(0, ge=0, description="checkpoint every N optimizer steps (0: only the final one)")
     eval_interval: int = Field(0, ge=0, description="evaluate every N optimizer steps as well as after each epoch")
+    group_by_length: bool = Field(
+        False, description="fill each micro-batch with rows of similar length (shuffled windows of 50 global batches, each sorted by "
+        "length, their batches shuffled): the fallback when model.packing is false, to waste little on padding; every row is still "
+        "seen once an epoch, and a mid-epoch resume is exact under the same batch_size and process count. With packing on it adds nothing",
+    )
 
 
 class CallbackSpec(StrictModel):
@@ -345,7 +364,8 @@ def loaders_and_optimizer(setup: RunSetup, train: OptimConfig, seed: int, model:
     """Sharded resumable loaders, AdamW, and a schedule sized in true optimizer steps."""
     plugin = setup.plugin
     check_batch_fits(len(train_set), train.batch_size, setup.coordinator.world_size, "train.batch_size", "data.train")
-    train_loader = plugin.prepare_dataloader(train_set, train.batch_size, shuffle=True, seed=seed, collate_fn=collate)
+    lengths = dataset_lengths(train_set) if train.group_by_length else None  # the rows' padded widths, read once
+    train_loader = plugin.prepare_dataloader(train_set, train.batch_size, shuffle=True, seed=seed, collate_fn=collate, lengths=lengths)
     eval_loader = plugin.prepare_dataloader(eval_set, train.eval_batch_size, shuffle=False, collate_fn=collate, even=False) if eval_set else None
     total_steps = train.epochs * optimizer_steps_per_epoch(len(train_loader), train.accumulation_steps)
     optimizer, scheduler = optimizer_and_schedule(model, train, total_steps)

@@ -9,7 +9,7 @@ The recipe, top to bottom (the same for the three):
        DPO and ORPO; unpaired rows (or pairs split in two) for KTO
     4. build dataloaders, AdamW and a cosine schedule sized in optimizer steps
     5. boost for the plugin, resume if asked, fit (precomputing reference log-probs first when
-       asked), report the held-out metrics
+       asked; every forward padding-free with model.packing), report the held-out metrics
 """
 
 from __future__ import annotations
@@ -217,6 +217,7 @@ def _run_offline(
         "apply_loss_mask": cfg.data.apply_loss_mask, "accumulation_steps": cfg.train.accumulation_steps,
         "save_interval": cfg.train.save_interval, "save_dir": str(setup.run_dir), "coordinator": setup.coordinator,
         "callbacks": [*build_callbacks(cfg.callbacks), *callbacks], "eval_interval": cfg.train.eval_interval,
+        "packing": cfg.model.packing,
     }
     if needs_reference:
         common["precompute_batch_size"] = cfg.train.eval_batch_size

@@ -4,7 +4,8 @@ The recipe, top to bottom (`run_grpo`):
     1. call each user function once on a prompt row (`probe_user_functions`); seed, plugin;
        check the run directory and the checkpoint to resume
     2. load the tokenizer, the policy, the reward and, only when experience.kl_coef > 0, the
-       frozen reference (with LoRA: the policy with its adapters disabled; no critic exists)
+       frozen reference (with LoRA: the policy with its adapters disabled; no critic exists); with
+       experience.distill_coef > 0 the frozen teacher of on-policy distillation (`load_teacher`)
     3. load and validate prompts (and pretrain rows for the ptx loss); sharded loaders
     4. optimizer and schedule sized in optimizer steps; boost; the trainer
     5. resume if asked, write the run directory, fit, report held-out metrics
@@ -55,13 +56,15 @@ class GRPOModels:
     reward: Any
     reference: torch.nn.Module | None
     stop_token_ids: list[int]  # where responses end (the tokenizer's and the policy's eos ids)
+    teacher: torch.nn.Module | None = None  # on-policy distillation's frozen teacher (experience.distill_coef > 0)
 
 
 def load_models(cfg: GRPOConfig, inference_device: torch.device | str) -> GRPOModels:
     """Policy (LoRA when asked), reward, and the reference only when the KL term needs it: with
     LoRA and no `model.reference`, the policy itself with its adapters disabled."""
     m = cfg.model
-    check_model_paths({"model.actor": m.actor, "model.reference": m.reference, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model})
+    check_model_paths({"model.actor": m.actor, "model.reference": m.reference, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model,
+                       "model.teacher": m.teacher})
     source = resolve_model_path(m.actor, m.gguf_file)
     tokenizer = load_tokenizer(resolve_model_path(m.tokenizer) if m.tokenizer else source, padding_side="left", chat_template=m.chat_template)
     stops = stop_token_ids(tokenizer, source)
@@ -73,12 +76,37 @@ def load_models(cfg: GRPOConfig, inference_device: torch.device | str) -> GRPOMo
         reference = AdaptersDisabled(actor)  # the base the adapters start from: no second copy
     elif cfg.experience.kl_coef > 0:
         reference = load_causal_lm(resolve_model_path(m.reference) if m.reference else source, **load).eval().requires_grad_(False).to(inference_device)
-    reward = load_reward(cfg.reward, tokenizer, m.dtype, m.trust_remote_code)
+    teacher = load_teacher(m.teacher, tokenizer, load, inference_device) if cfg.experience.distill_coef > 0 else None
+    reward = load_reward(cfg.reward, tokenizer, m.dtype, m.trust_remote_code, device=inference_device)  # device: where a judge generates
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(actor)
     if isinstance(reward, torch.nn.Module | CompositeReward):
         reward.to(inference_device)
-    return GRPOModels(tokenizer, actor, reward, reference, stops)
+    return GRPOModels(tokenizer, actor, reward, reference, stops, teacher)
+
+
+def load_teacher(path: str, tokenizer: Any, load: dict[str, Any], device: torch.device | str) -> torch.nn.Module:
+    """The frozen teacher of on-policy distillation, loaded like the reference, after checking it
+    reads the actor's tokens: the same vocabulary, and logits over every one of its ids."""
+    source = resolve_model_path(path)
+    check_teacher_tokenizer(load_tokenizer(source), tokenizer)
+    teacher = load_causal_lm(source, **load)
+    vocab_size = getattr(teacher.config, "vocab_size", None)
+    if vocab_size is not None and vocab_size < len(tokenizer):
+        raise ConfigError(f"model.teacher {path}: its vocab_size ({vocab_size}) does not cover the actor's tokenizer ({len(tokenizer)} tokens)")
+    return teacher.eval().requires_grad_(False).to(device)
+
+
+def check_teacher_tokenizer(teacher_tokenizer: Any, tokenizer: Any) -> None:
+    """A one-line error naming model.teacher unless the teacher's tokenizer maps the same strings to
+    the same ids as the actor's: the teacher scores the student's token ids, so they must mean the same."""
+    theirs, ours = teacher_tokenizer.get_vocab(), tokenizer.get_vocab()
+    if theirs == ours:
+        return
+    by_id = lambda vocab: [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]  # noqa: E731
+    first = next(((i, a, b) for i, (a, b) in enumerate(zip(by_id(theirs), by_id(ours), strict=False)) if a != b), None)
+    where = f"id {first[0]} is {first[1]!r} for the teacher, {first[2]!r} for the actor" if first else "one vocabulary extends the other"
+    raise ConfigError(f"model.teacher must share the actor's tokenizer: {len(theirs)} vs {len(ours)} tokens; {where}")
 
 
 def build_trainer(cfg: GRPOConfig, setup: RunSetup, models: GRPOModels, callbacks: Sequence[Callback]) -> OnlineTrainer:
@@ -91,10 +119,11 @@ def build_trainer(cfg: GRPOConfig, setup: RunSetup, models: GRPOModels, callback
     maker = GroupExperienceMaker(
         setup.booster.unwrap(actor), models.reward, models.reference, models.tokenizer, config=cfg.experience, generation=sampling.generation,
         engine=sampling.engine, all_reduce_sum=setup.plugin.all_reduce_sum,
-        source=environment_source(cfg, sampling.engine, setup.booster.unwrap(actor), models.tokenizer),
+        source=environment_source(cfg, sampling.engine, setup.booster.unwrap(actor), models.tokenizer), packing=cfg.model.packing,
+        teacher=models.teacher,
     )
-    learner = GRPOLearner.build(setup.booster, actor, optim, scheduler, cfg.loss, cfg.experience, sampling.generation)
-    return online_trainer(cfg, setup, learner, maker, models.tokenizer, (models.reference, models.reward), sampling.eval_generation, callbacks)
+    learner = GRPOLearner.build(setup.booster, actor, optim, scheduler, cfg.loss, cfg.experience, sampling.generation, packing=cfg.model.packing)
+    return online_trainer(cfg, setup, learner, maker, models.tokenizer, (models.reference, models.reward, models.teacher), sampling.eval_generation, callbacks)
 
 
 def run_grpo(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogContext | None = None, evaluators: Sequence[Evaluator] = ()) -> dict:

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from olingo.config import ConfigError, StrictModel
 from olingo.experience_maker.group import GroupExperienceConfig
+from olingo.models.packing import PACKING_DESCRIPTION
 from olingo.ray.config import RayConfig
 from olingo.recipes.common import (
     CallbackSpec,
@@ -42,6 +43,11 @@ class GRPOModelConfig(StrictModel):
         description="frozen reference model for the KL term "
         "(default: actor; with LoRA: the actor's base with adapters disabled, no second copy); not loaded when experience.kl_coef is 0",
     )
+    teacher: str | None = Field(
+        None,
+        description="frozen teacher for on-policy distillation (experience.distill_coef > 0): a causal LM directory, hub id, "
+        "GGUF file or builtin: name sharing the actor's tokenizer; not loaded otherwise",
+    )
     tokenizer: str | None = Field(None, description="tokenizer directory (default: actor)")
     chat_template: str | None = Field(
         None,
@@ -52,6 +58,7 @@ class GRPOModelConfig(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward")
+    packing: bool = Field(True, description=PACKING_DESCRIPTION)
     lora: LoraSettings = Field(
         default_factory=LoraSettings,
         description="LoRA adapters via peft for the actor (lora.r > 0); "
@@ -97,8 +104,19 @@ class GRPOConfig(StrictModel):
 
     @model_validator(mode="after")
     def _some_reward(self) -> GRPOConfig:
+        distilling = self.experience.distill_coef > 0
+        if (self.model.teacher is not None) != distilling:
+            raise ValueError("model.teacher and experience.distill_coef > 0 come together (on-policy distillation): set both or neither")
+        if distilling and not self._has_reward_terms():  # distillation alone: the teacher is the only signal
+            if self.experience.dynamic_sampling:
+                raise ValueError("experience.dynamic_sampling drops groups of equal scores, and distillation without reward terms scores all equal")
+            return self
         self.reward.check_present(self.environment.name)
         return self
+
+    def _has_reward_terms(self) -> bool:
+        r = self.reward
+        return r.model is not None or bool(r.functions) or r.judge.enabled or self.environment.name is not None
 
 
 def check_grpo_config(cfg: GRPOConfig) -> None:

@@ -110,6 +110,8 @@ def check_ray_config(cfg: GRPOConfig) -> None:
         problems.append("loop.buffer_limit must be 0 (the trainer's buffer is bounded by ray.buffer_limit, in training batches)")
     if cfg.plugin.name != "single":
         problems.append("plugin.name must be 'single' (each Ray actor is one process)")
+    if cfg.model.teacher is not None:
+        problems.append("model.teacher must be unset (on-policy distillation is not supported on Ray yet)")
     if problems:
         raise ConfigError("ray.enabled: " + "; ".join(problems))
     if loop.eval_interval:  # the packaged config sets it; refusing would break `olingo grpo ray.enabled=true`
@@ -137,7 +139,7 @@ def maker_models(cfg: GRPOConfig) -> GRPOModelsFn:
     `model.reference`: the maker's actor with its adapters disabled)."""
     m, rc = cfg.model, cfg.reward
     actor = resolve_model_path(m.actor, m.gguf_file)
-    reward = rc.model_copy(update={"model": resolve_model_path(rc.model) if rc.model else None})
+    reward = rc.model_copy(update={"model": resolve_model_path(rc.model) if rc.model else None, "judge": rc.judge.resolved()})
     kl = cfg.experience.kl_coef > 0
     base = kl and m.lora.enabled and not m.reference  # the actor with adapters disabled
     reference = (resolve_model_path(m.reference) if m.reference else actor) if kl and not base else None
@@ -164,7 +166,7 @@ def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict
     grpo = RayAlgorithm(
         "grpo", models, GroupMaking(
             cfg.experience, needs_old_log_probs=needs_old_log_probs(cfg), carry_engine_log_probs=cfg.loss.tis_cap is not None,
-            environment=cfg.environment if cfg.environment.name else None,
+            environment=cfg.environment if cfg.environment.name else None, packing=m.packing,
         ),
         trainer_models=GRPOModelsFn(
             models.actor, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora,
@@ -174,6 +176,7 @@ def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict
         trainer_kwargs=dict(
             train_batch_size=loop.train_batch_size * loop.accumulation_steps, micro_batch_size=loop.train_batch_size,
             experience_config=cfg.experience, loss_config=cfg.loss, max_new_tokens=cfg.generation.max_new_tokens,
+            packing=m.packing,
         ),
     )
     return run_on_ray(cfg, grpo, run_dir, checkpoint, callbacks)

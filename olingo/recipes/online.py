@@ -58,7 +58,10 @@ def environment_source(cfg: Any, engine: RolloutEngine | None, actor: Any, token
     transformers `generate` on the policy); None for single-turn completions."""
     if cfg.environment.name is None:
         return None
-    return cfg.environment.source(engine or HFEngine(actor, tokenizer), tokenizer, [*cfg.data.prompts, *cfg.data.eval_prompts])
+    return cfg.environment.source(
+        engine or HFEngine(actor, tokenizer), tokenizer, [*cfg.data.prompts, *cfg.data.eval_prompts],
+        split_rows=cfg.model.packing,  # a template split's segments need packed forwards
+    )
 
 
 def online_trainer(

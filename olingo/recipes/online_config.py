@@ -113,9 +113,10 @@ class EnvironmentConfig(StrictModel):
         choices = {alias: (choice.name, choice.params) for alias, choice in self.choices.items()}
         return EnvironmentCatalog(self.name, self.params, choices, key="environment")
 
-    def source(self, engine: Any, tokenizer: Any, prompt_sources: Sequence[str] = ()) -> Any:
+    def source(self, engine: Any, tokenizer: Any, prompt_sources: Sequence[str] = (), *, split_rows: bool = False) -> Any:
         """The `MultiTurnSource` of this section on `engine` (None when no environment is named),
-        after checking the `environment` field of every row of `prompt_sources`."""
+        after checking the `environment` field of every row of `prompt_sources`. split_rows: a
+        template split goes on in a new segment of the row (the forwards pack: `model.packing`)."""
         if self.name is None:
             return None
         from olingo.rollout.multi_turn import EpisodeLimits, MultiTurnSource
@@ -125,7 +126,7 @@ class EnvironmentConfig(StrictModel):
         limits = EpisodeLimits(self.max_turns, self.max_new_tokens, self.max_episode_tokens)
         return MultiTurnSource(
             engine, tokenizer, catalog.factory(), limits, tokenizer.pad_token_id, self.step_timeout_s, environment_for=catalog.factory,
-            reward_weight=self.reward_weight,
+            reward_weight=self.reward_weight, split_rows=split_rows,
         )
 
 

@@ -82,7 +82,7 @@ def load_models(cfg: PPOConfig, inference_device: torch.device | str) -> PPOMode
     reference = load_causal_lm(resolve_model_path(m.reference) if m.reference else source, **load).eval().requires_grad_(False)
     critic_source = m.critic or cfg.reward.model
     critic = m.lora.apply(Critic.from_pretrained(resolve_model_path(critic_source) if critic_source else source, pad_token_id=tokenizer.pad_token_id, **load))
-    reward = load_reward(cfg.reward, tokenizer, m.dtype, m.trust_remote_code)
+    reward = load_reward(cfg.reward, tokenizer, m.dtype, m.trust_remote_code, device=inference_device)  # device: where a judge generates
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(actor)
         enable_gradient_checkpointing(critic)
@@ -101,13 +101,14 @@ def build_trainer(cfg: PPOConfig, setup: RunSetup, models: PPOModels, callbacks:
     critic_optim, critic_scheduler = optimizer_and_schedule(models.critic, cfg.critic_optim, total_steps)
     actor, actor_optim, _, _, actor_scheduler = setup.booster.boost(models.actor, actor_optim, lr_scheduler=actor_scheduler)
     critic, critic_optim, _, _, critic_scheduler = critic_booster.boost(models.critic, critic_optim, lr_scheduler=critic_scheduler)
-    learner = PPOLearner.build(setup.booster, critic_booster, actor, critic, actor_optim, critic_optim, actor_scheduler, critic_scheduler, cfg.loss)
+    learner = PPOLearner.build(setup.booster, critic_booster, actor, critic, actor_optim, critic_optim, actor_scheduler, critic_scheduler, cfg.loss,
+                               packing=cfg.model.packing)
     sampling = rollouts(cfg, setup, models.tokenizer, models.stop_token_ids)
     # Unwrapped models: rollouts are forward-only, so DDP's per-forward bookkeeping is not wanted.
     maker = PPOExperienceMaker(
         setup.booster.unwrap(actor), critic_booster.unwrap(critic), models.reward, models.reference, models.tokenizer, config=cfg.experience,
         shaping=cfg.reward, engine=sampling.engine, generation=sampling.generation, all_reduce_sum=setup.plugin.all_reduce_sum,
-        source=environment_source(cfg, sampling.engine, setup.booster.unwrap(actor), models.tokenizer),
+        source=environment_source(cfg, sampling.engine, setup.booster.unwrap(actor), models.tokenizer), packing=cfg.model.packing,
     )
     return online_trainer(cfg, setup, learner, maker, models.tokenizer, (models.reference, models.reward), sampling.eval_generation, callbacks)
 

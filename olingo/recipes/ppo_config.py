@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from olingo.config import StrictModel
 from olingo.experience_maker.config import ExperienceConfig, RewardShaping
+from olingo.models.packing import PACKING_DESCRIPTION
 from olingo.ray.config import RayConfig
 from olingo.recipes.common import (
     CallbackSpec,
@@ -49,6 +50,7 @@ class PPOModelConfig(StrictModel):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
     trust_remote_code: bool = Field(False, description="allow model code from the hub")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward (actor and critic)")
+    packing: bool = Field(True, description=PACKING_DESCRIPTION)
     lora: LoraSettings = Field(
         default_factory=LoraSettings,
         description="LoRA adapters via peft for actor and critic (lora.r > 0); reference and reward stay full",

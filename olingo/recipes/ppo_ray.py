@@ -48,6 +48,7 @@ from olingo.recipes.ppo_config import PPOConfig
 from olingo.recipes.ray_run import PromptLoaderFn as PromptLoaderFn
 from olingo.recipes.ray_run import RayAlgorithm, open_run, optimizer_steps, run_on_ray
 from olingo.recipes.ray_run import TokenizerFn as TokenizerFn
+from olingo.recipes.rewards import JudgeSection, judge_term
 from olingo.rewards.functions import CompositeReward
 from olingo.trainer.callbacks import Callback
 
@@ -68,6 +69,7 @@ class PPOModelsFn:
     reward_functions: dict[str, float] | None = None  # {spec: weight}, summed with the reward model at `reward`
     reward_model_weight: float = 1.0  # the reward model's weight in that sum
     chat_template: str | None = None  # model.chat_template
+    judge: JudgeSection | None = None  # reward.judge (resolved): one more term of that sum
 
     def __call__(self) -> tuple:
         tokenizer = load_tokenizer(self.tokenizer, chat_template=self.chat_template)
@@ -83,8 +85,11 @@ class PPOModelsFn:
         reward = self.reward
         if isinstance(reward, str):
             reward = RewardModel.from_pretrained(reward, pad_token_id=pad, **load).eval().requires_grad_(False)
-        if self.reward_functions:
-            reward = CompositeReward(self.reward_functions, neural=reward, neural_weight=self.reward_model_weight)
+        terms = list((self.reward_functions or {}).items())
+        if self.judge is not None and self.judge.enabled:
+            terms.append(judge_term(self.judge, self.dtype, self.trust_remote_code))
+        if terms:
+            reward = CompositeReward(terms, neural=reward, neural_weight=self.reward_model_weight)
         elif reward is None:  # no reward model, no functions: an environment's rewards are the only ones (`load_reward`)
             reward = CompositeReward((), allow_empty=True)
         return actor, critic, reward, reference
@@ -140,6 +145,7 @@ def maker_models(cfg: PPOConfig) -> PPOModelsFn:
         actor, or_actor(m.critic or rc.model), or_actor(m.tokenizer),
         or_actor(m.reference), resolve_model_path(rc.model) if rc.model else None, m.dtype, m.trust_remote_code, m.lora,
         reward_functions=dict(rc.functions) or None, reward_model_weight=rc.model_weight, chat_template=m.chat_template,
+        judge=rc.judge.resolved(),
     )
 
 
@@ -161,7 +167,7 @@ def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     ppo = RayAlgorithm(
         "ppo", models, PPOMaking(
             cfg.experience.kl_coef, cfg.experience, cfg.reward, carry_engine_log_probs=cfg.loss.tis_cap is not None,
-            environment=cfg.environment if cfg.environment.name else None,
+            environment=cfg.environment if cfg.environment.name else None, packing=m.packing,
         ),
         trainer_models=PPOModelsFn(
             models.actor, models.critic, models.tokenizer,
@@ -171,6 +177,7 @@ def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
         trainer_kwargs=dict(
             train_batch_size=cfg.loop.train_batch_size,
             eps_clip=loss.eps_clip, value_clip=loss.value_clip, vf_coef=loss.vf_coef, tis_cap=loss.tis_cap,
+            packing=m.packing,
         ),
     )
     return run_on_ray(cfg, ppo, run_dir, checkpoint, callbacks)

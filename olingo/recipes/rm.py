@@ -113,6 +113,6 @@ def run_rm(
         tokenizer=tokenizer, loss_fn=loss_fn, max_epochs=cfg.train.epochs, beta=cfg.train.beta,
         accumulation_steps=cfg.train.accumulation_steps, save_interval=cfg.train.save_interval,
         save_dir=str(setup.run_dir), coordinator=setup.coordinator, callbacks=[*build_callbacks(cfg.callbacks), *callbacks],
-        eval_interval=cfg.train.eval_interval,
+        eval_interval=cfg.train.eval_interval, packing=cfg.model.packing,
     )
     return fit_run(trainer, cfg, setup, train_loader, eval_loader, ctx=ctx, evaluators=evaluators)

@@ -100,5 +100,6 @@ def run_sft(
         plugin=setup.plugin, accumulation_steps=cfg.train.accumulation_steps, apply_loss_mask=cfg.data.apply_loss_mask,
         save_interval=cfg.train.save_interval, save_dir=str(setup.run_dir), coordinator=setup.coordinator,
         tokenizer=tokenizer, callbacks=[*build_callbacks(cfg.callbacks), *callbacks], eval_interval=cfg.train.eval_interval,
+        packing=cfg.model.packing,
     )
     return fit_run(trainer, cfg, setup, train_loader, eval_loader, ctx=ctx, evaluators=evaluators)

@@ -5,6 +5,7 @@
     functions.py  `RewardFunction` (a function's form and validated values), the start-up
                   `probe`, `CompositeReward` (weighted terms plus an optional neural one)
     verifiers.py  built-in verifiers: math_answer, exact_match, format_regex, length_penalty
+    math_verify.py `math_verify`: answers checked by Hugging Face's Math-Verify (optional package)
     rlvr.py       `RLVRRewardModel`, the ColossalChat-compatible front
 
 This package imports no task: the embedded arithmetic task's rewards live with the task.

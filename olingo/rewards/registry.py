@@ -30,6 +30,7 @@ BUILTIN_REWARDS: dict[str, str] = {
     "arithmetic_exact": "olingo.tasks.arithmetic:arithmetic_exact",
     "arithmetic_format": "olingo.tasks.arithmetic:arithmetic_format",
     "math_answer": "olingo.rewards.verifiers:math_answer",
+    "math_verify": "olingo.rewards.math_verify:math_verify",
     "exact_match": "olingo.rewards.verifiers:exact_match",
     "format_regex": "olingo.rewards.verifiers:format_regex",
     "length_penalty": "olingo.rewards.verifiers:length_penalty",

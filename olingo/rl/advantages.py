@@ -1,5 +1,6 @@
 """Rewards per token and advantage estimators: GAE for PPO, the group-relative advantages of
-the GRPO family (GRPO, Dr. GRPO, RLOO), REINFORCE++, and DAPO's overlong penalty.
+the GRPO family (GRPO, Dr. GRPO, RLOO), REINFORCE++, DAPO's overlong penalty and on-policy
+distillation's per-token term.
 
 Conventions: per-token RL tensors are (B, A), column j being response token j. `action_mask`
 (B, A) is 1/True on real response tokens and 0 on the padding after the stop token (any
@@ -244,3 +245,26 @@ def gdpo_advantages(
     """GDPO's sequence advantages: `batch_normalize(gdpo_group_sum(...))`. terms: (B, K); weights: (K,).
     Returns (B,). With one term this is GRPO's advantage normalised once more over the batch."""
     return batch_normalize(gdpo_group_sum(terms, weights, num_generations, eps), eps, all_reduce_sum)
+
+
+# ---- on-policy distillation --------------------------------------------------------------------
+
+
+def distill_advantages(
+    advantages: torch.Tensor, old_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor, action_mask: torch.Tensor, coef: float,
+) -> torch.Tensor:
+    """On-policy distillation: advantage_t + coef * (log pi_teacher(y_t) - log pi_old(y_t)).
+
+    The student samples, a frozen teacher scores the same tokens, and the per-token negative
+    reverse KL (its k1 estimate) becomes a per-token advantage, undiscounted and without a
+    baseline (Agarwal et al. 2024, "On-Policy Distillation of Language Models: Learning from
+    Self-Generated Mistakes", GKD with student data, lambda = 1; Thinking Machines 2025,
+    "On-Policy Distillation"). A token the teacher finds likelier than the student is pushed up.
+    advantages, old_log_probs, teacher_log_probs, action_mask: (B, A); both log-probs of the
+    sampled tokens at the sampling temperature. Returns (B, A) in advantages' dtype; masked-out
+    entries are left as they are (0 from every estimator). coef 0 returns `advantages` unchanged.
+    """
+    if coef == 0:
+        return advantages
+    term = coef * (teacher_log_probs.to(advantages.dtype) - old_log_probs.to(advantages.dtype))
+    return advantages + torch.where(action_mask.bool(), term, torch.zeros_like(term))

@@ -15,9 +15,16 @@ The delta rule: the conversation is never rendered again. The environment's mess
 rendered after a fixed stand-in conversation [user, assistant], and the delta is the text the
 template adds to it (the messages and the next assistant header), preceded by whatever the
 template writes after the end-of-turn token that closed the sampled turn (ChatML's newline).
-That needs a template that renders the stand-in conversation as a prefix of the longer one; a
-turn where it does not ends its episode (`template_splits`; a later version may start a new
-training row there instead).
+That needs a template that renders the stand-in conversation as a prefix of the longer one.
+
+Where it does not (Qwen3's template drops an earlier turn's empty think block once a user turn
+follows), the episode is split (`template_splits`): the template renders the whole conversation
+again from its messages (the row's prompt messages, each sampled turn as decoded text, the
+replies) with the generation prompt, and the episode goes on from that context, in a new segment
+of the same row. The segment's tokens carry no loss (action mask 0) and its positions restart at
+0 (`Rollout.position_ids`), so a packed forward keeps it apart from the earlier segment: each
+sampled turn is scored in exactly the context the engine sampled it from. Without packing
+(`split_rows=False`) or without the prompt's messages, a split ends the episode instead.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Any
 import torch
 from jinja2 import TemplateError
 
-from olingo.dataset.chat_tokens import require_chat_template
+from olingo.dataset.chat_tokens import encode_chat, require_chat_template
 from olingo.engines import GenerationSettings, Rollout, RolloutEngine
 from olingo.engines.settings import resolve_stop_token_ids
 from olingo.rollout.environment import ROW_FIELD, EnvFailure, Environment, EnvironmentSpecError, call_all, check_step, resolve_environment
@@ -83,6 +90,11 @@ class Episode:
     step_rewards: list[tuple[int, float]] = field(default_factory=list)
     """(trajectory index of the answered turn's last sampled token, the step's reward), per step."""
     turns: int = 0
+    history: list[dict] | None = None
+    """The conversation as messages (prompt, turns as decoded text, replies), to render again at a
+    template split; None when the prompt row came without its messages."""
+    segments: list[int] = field(default_factory=list)
+    """Trajectory indices where a new segment starts (template splits), in order."""
     reset_failed: bool = False
     end: str | None = None
     """None while running; then "done", "max_turns", "length", "budget", "env_error" or "template_split"."""
@@ -95,6 +107,19 @@ class Episode:
 
     def finish(self, end: str, truncated: bool = False) -> None:
         self.end, self.truncated = end, truncated
+
+    def context(self) -> list[int]:
+        """What the engine continues: prompt and trajectory, or after a split its last segment."""
+        return self.tokens[self.segments[-1]:] if self.segments else self.prompt + self.tokens
+
+    def positions(self, start: int) -> list[int]:
+        """Position ids of the trajectory: on from `start` (the prompt's length), from 0 at each split."""
+        out, current, splits = [], start, set(self.segments)
+        for index in range(len(self.tokens)):
+            current = 0 if index in splits else current
+            out.append(current)
+            current += 1
+        return out
 
 
 class EnvDelta:
@@ -144,12 +169,13 @@ class MultiTurnSource:
     def __init__(
         self, engine: RolloutEngine, tokenizer: Any, environment_factory: Callable[[], Environment], limits: EpisodeLimits,
         pad_token_id: int, step_timeout_s: float = 30.0, environment_for: Callable[[str], Callable[[], Environment]] | None = None,
-        *, reward_weight: float = 1.0,
+        *, reward_weight: float = 1.0, split_rows: bool = False,
     ) -> None:
         self.engine, self.tokenizer, self.environment_factory = engine, tokenizer, environment_factory
         self.limits, self.pad_token_id, self.step_timeout_s = limits, pad_token_id, step_timeout_s
         self.reward_weight = reward_weight  # the environment's rewards in the score: weight x their sum
         self.environment_for = environment_for or resolve_environment
+        self.split_rows = split_rows  # continue a template split in a new segment (needs packed forwards)
 
     def sample(self, prompts: PromptBatch, settings: GenerationSettings, n: int = 1) -> SampledBatch:
         """n episodes for each of the B prompts: (N, P + A) rows, prompt-major."""
@@ -171,8 +197,9 @@ class MultiTurnSource:
             for i in range(prompts.size)
         ]
         mask, factories = prompts.attention_mask.bool(), self._row_factories(fields.get(ROW_FIELD), prompts.size)
+        messages = prompts.messages or [None] * prompts.size
         episodes = [
-            Episode(row=i, env=factories[i](), prompt=prompts.input_ids[i][mask[i]].tolist())
+            Episode(row=i, env=factories[i](), prompt=prompts.input_ids[i][mask[i]].tolist(), history=list(messages[i]) if messages[i] else None)
             for i in range(prompts.size) for _ in range(n)
         ]
         started = time.perf_counter()
@@ -214,7 +241,7 @@ class MultiTurnSource:
 
     def _sample_group(self, live: list[Episode], settings: GenerationSettings, device: torch.device, clock: dict) -> None:
         """One engine call over `live` at `settings.max_new_tokens`; each episode appends its sampled ids."""
-        ids, mask = left_pad([e.prompt + e.tokens for e in live], self.pad_token_id)
+        ids, mask = left_pad([e.context() for e in live], self.pad_token_id)
         started = time.perf_counter()
         rollout = self.engine.generate(ids.to(device), mask.to(device), settings, n=1)
         clock["generation_seconds"] += time.perf_counter() - started
@@ -238,7 +265,9 @@ class MultiTurnSource:
         started = time.perf_counter()
         results = call_all([(e.env.step, (text,)) for e, text in zip(stepping, texts, strict=True)], self.step_timeout_s)
         clock["env_seconds"] += time.perf_counter() - started
-        for episode, result in zip(stepping, results, strict=True):
+        for episode, result, text in zip(stepping, results, texts, strict=True):
+            if episode.history is not None:
+                episode.history.append({"role": "assistant", "content": text})
             if isinstance(result, EnvFailure):
                 episode.reward, episode.step_rewards = 0.0, []
                 episode.finish("env_error")
@@ -262,12 +291,32 @@ class MultiTurnSource:
             raise ValueError(
                 f"environment {type(episode.env).__name__} (row {episode.row}): the chat template cannot render its reply: {' '.join(str(err).split())}"
             ) from err
+        if episode.history is not None:
+            episode.history.extend(messages)
         if ids is None:
-            episode.finish("template_split")
+            self._split(episode)
         elif len(ids) + 1 > self.limits.max_episode_tokens - len(episode.tokens):
             episode.finish("budget", truncated=True)
         else:
             episode.add(ids, sampled=False)
+
+    def _split(self, episode: Episode) -> None:
+        """Go on in a new segment holding the whole conversation rendered again (module docstring),
+        or end the episode where that cannot be done or would leave no room for a sampled token."""
+        if not self.split_rows or episode.history is None:
+            episode.finish("template_split")
+            return
+        try:
+            ids = encode_chat(self.tokenizer, episode.history, add_generation_prompt=True)
+        except (TemplateError, ValueError, TypeError, KeyError) as err:
+            raise ValueError(
+                f"environment {type(episode.env).__name__} (row {episode.row}): the chat template cannot render the conversation: {' '.join(str(err).split())}"
+            ) from err
+        if len(ids) + 1 > self.limits.max_episode_tokens - len(episode.tokens):
+            episode.finish("budget", truncated=True)
+            return
+        episode.segments.append(len(episode.tokens))
+        episode.add(ids, sampled=False)
 
     def _assemble(self, prompts: PromptBatch, n: int, episodes: list[Episode], clock: dict) -> SampledBatch:
         """The episodes in the shared layout, with their rewards and metrics."""
@@ -285,6 +334,7 @@ class MultiTurnSource:
             for position, reward in e.step_rewards:
                 turn_rewards[k, position] += reward
         repeated = prompts.repeated(n)
+        positions = segment_positions(repeated.attention_mask, episodes, width) if any(e.segments for e in episodes) else None
         truncated = torch.tensor([e.truncated for e in episodes], dtype=torch.bool)
         rollout = Rollout(
             sequences=torch.cat([repeated.input_ids, sequences.to(device)], dim=1),
@@ -292,6 +342,7 @@ class MultiTurnSource:
             action_mask=action_mask.to(device), truncated=truncated.to(device), num_prompt_tokens=prompts.input_ids.shape[1],
             log_probs=log_probs.to(device) if clock["log_probs"] else None,
             finish_reasons=["length" if e.truncated else "stop" for e in episodes],
+            position_ids=positions.to(device) if positions is not None else None,
         )
         rewards = self.reward_weight * torch.tensor([e.reward for e in episodes], dtype=torch.float32, device=device)
         turn_rewards = self.reward_weight * turn_rewards.to(device)
@@ -308,6 +359,16 @@ def sampled_turn(rollout: Rollout, row: int) -> tuple[list[int], list[float] | N
     reasons = rollout.finish_reasons
     stopped = reasons[row] == "stop" if reasons else not bool(rollout.truncated[row])
     return ids, log_probs, stopped
+
+
+def segment_positions(prompt_mask: torch.Tensor, episodes: list[Episode], width: int) -> torch.Tensor:
+    """(N, P + width) position ids: the prompt's counted over its attended tokens, then each
+    trajectory's (`Episode.positions`), 0 on padding."""
+    prompt_positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0).cpu()
+    trajectory = torch.zeros(len(episodes), width, dtype=torch.long)
+    for k, e in enumerate(episodes):
+        trajectory[k, : len(e.tokens)] = torch.tensor(e.positions(len(e.prompt)), dtype=torch.long)
+    return torch.cat([prompt_positions, trajectory], dim=1)
 
 
 def left_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,7 +395,7 @@ def episode_metrics(episodes: list[Episode], clock: dict) -> dict[str, float]:
         "done_episodes": float(ends.count("done")),
         "max_turns_ends": float(ends.count("max_turns")),
         "env_errors": float(ends.count("env_error")),
-        "template_splits": float(ends.count("template_split")),
+        "template_splits": float(ends.count("template_split") + sum(len(e.segments) for e in episodes)),
         "budget_ends": float(ends.count("budget")),
         "truncated_episodes": float(sum(e.truncated for e in episodes)),
         "env_seconds": clock["env_seconds"],

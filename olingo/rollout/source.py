@@ -33,10 +33,13 @@ class PromptBatch:
     """B reference answers for reward functions, or None."""
     row_fields: dict[str, list[Any]] | None = None
     """The rows' other fields, `{field: B values}`, for reward functions; or None."""
+    messages: list[list[dict[str, Any]] | None] | None = None
+    """The B prompts as the messages they were rendered from (None where unknown): what a
+    multi-turn episode renders again where its chat template is not append-only."""
 
     @classmethod
     def from_collated(cls, batch: dict[str, Any]) -> PromptBatch:
-        return cls(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), batch.get("row_fields"))
+        return cls(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), batch.get("row_fields"), batch.get("messages"))
 
     @property
     def size(self) -> int:
@@ -53,6 +56,7 @@ class PromptBatch:
         return PromptBatch(
             self.input_ids.repeat_interleave(n, dim=0), self.attention_mask.repeat_interleave(n, dim=0),
             [g for g in self.gt_answers for _ in range(n)] if self.gt_answers is not None else None, fields,
+            [m for m in self.messages for _ in range(n)] if self.messages is not None else None,
         )
 
 

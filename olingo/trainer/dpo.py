@@ -68,7 +68,7 @@ class DPOTrainer(OfflinePreferenceTrainer):
     from the rule above), `label_smoothing` (cDPO), `precompute_ref_log_probs` (one reference pass
     before training, cached in `<save_dir>/cache/`, then the reference model is freed;
     `precompute_batch_size` rows at a time, default the training batch size), `callbacks`,
-    `eval_interval`. With a LoRA actor and `ref_model=None` the reference is the base model with its
+    `eval_interval`, `packing` (padding-free forwards, default on). With a LoRA actor and `ref_model=None` the reference is the base model with its
     adapters disabled.
     """
 
@@ -100,6 +100,7 @@ class DPOTrainer(OfflinePreferenceTrainer):
         precompute_batch_size: int | None = None,
         callbacks: Sequence[Callback] = (),
         eval_interval: int = 0,
+        packing: bool = True,
     ) -> None:
         loss_type = loss_type or default_loss_type(ref_model, booster.unwrap(actor), label_smoothing)
         self.loss = DPOLoss(loss_type, beta, gamma, label_smoothing, length_normalization)
@@ -109,14 +110,14 @@ class DPOTrainer(OfflinePreferenceTrainer):
             actor=actor, booster=booster, actor_optim=actor_optim, plugin=plugin, actor_lr_scheduler=actor_lr_scheduler,
             tokenizer=tokenizer, max_epochs=max_epochs, apply_loss_mask=apply_loss_mask, accumulation_steps=accumulation_steps,
             start_epoch=start_epoch, save_interval=save_interval, save_dir=save_dir, coordinator=coordinator,
-            callbacks=callbacks, eval_interval=eval_interval, ref_model=ref_model, needs_reference=self.loss.needs_reference,
+            callbacks=callbacks, eval_interval=eval_interval, packing=packing, ref_model=ref_model, needs_reference=self.loss.needs_reference,
             precompute_ref_log_probs=precompute_ref_log_probs, precompute_batch_size=precompute_batch_size,
         )
         self.beta, self.gamma = beta, gamma
 
     def _terms(self, batch: dict[str, torch.Tensor]) -> RowTerms:
         ids, attention, mask = pair_inputs(batch, self._mask)
-        chosen, rejected = halves(response_logps(self.model, ids, attention, mask))
+        chosen, rejected = halves(response_logps(self.model, ids, attention, mask, packing=self.packing))
         ref_chosen = ref_rejected = None
         if self.loss.needs_reference:
             ref = self._reference(batch, self.reference_columns, ids, attention, mask)
@@ -126,4 +127,4 @@ class DPOTrainer(OfflinePreferenceTrainer):
 
     def _reference_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         ids, attention, mask = pair_inputs(batch, self._mask)
-        return torch.stack(self.reference.logps(ids, attention, mask).chunk(2), dim=1)
+        return torch.stack(self.reference.logps(ids, attention, mask, packing=self.packing).chunk(2), dim=1)

@@ -53,7 +53,7 @@ class GRPOTrainer(OnlineTrainer):
     `**generate_kwargs` are rollout settings (`GenerationSettings`). Keyword-only extras:
     `experience_config` (`GroupExperienceConfig`) and `loss_config` (`GRPOLossConfig`): a keyword
     left at its default defers to them, and one that disagrees with a field they set is an error.
-    `engine`, `eval_interval`, `eval_before_training`, `accuracy_fn`, `eval_generate_kwargs` as for
+    `engine`, `eval_interval`, `eval_before_training`, `accuracy_fn`, `eval_generate_kwargs`, `packing` as for
     `PPOTrainer`.
     """
 
@@ -67,7 +67,7 @@ class GRPOTrainer(OnlineTrainer):
         temperature_annealing_config: dict | None = None, tts_config: dict | None = None, coordinator: DistCoordinator | None = None,
         callbacks: Sequence[Callback] = (), *, experience_config: GroupExperienceConfig | None = None, loss_config: GRPOLossConfig | None = None,
         engine: RolloutEngine | None = None, eval_interval: int = 0, eval_before_training: bool = True, accuracy_fn: Callable[..., Any] | None = None,
-        eval_generate_kwargs: dict[str, Any] | None = None, **generate_kwargs: Any,
+        eval_generate_kwargs: dict[str, Any] | None = None, packing: bool = True, **generate_kwargs: Any,
     ) -> None:
         refuse_unsupported({"use_tp": use_tp, "use_tts_inference": use_tts_inference, "tts_config": tts_config,
                             "temperature_annealing_config": temperature_annealing_config}, vf_coef, value_clip)
@@ -82,8 +82,9 @@ class GRPOTrainer(OnlineTrainer):
         )
         generation, eval_generation = generation_settings(generate_kwargs, eval_generate_kwargs)
         maker = GroupExperienceMaker(actor_booster.unwrap(actor), reward_model, initial_model, tokenizer, config=experience, generation=generation,
-                                     engine=engine, all_reduce_sum=actor_booster.plugin.all_reduce_sum)
-        learner = GRPOLearner.build(actor_booster, actor, actor_optim, actor_lr_scheduler, loss, experience, generation, apply_loss_mask=apply_loss_mask)
+                                     engine=engine, all_reduce_sum=actor_booster.plugin.all_reduce_sum, packing=packing)
+        learner = GRPOLearner.build(actor_booster, actor, actor_optim, actor_lr_scheduler, loss, experience, generation, apply_loss_mask=apply_loss_mask,
+                                     packing=packing)
         super().__init__(actor_booster, learner, maker, tokenizer, loop, save_dir=save_dir, callbacks=callbacks, coordinator=coordinator,
                          inference_models=(maker.reference, reward_model), accuracy_fn=accuracy_fn, eval_generation=eval_generation)
         self.reward_model, self.initial_model = reward_model, maker.reference

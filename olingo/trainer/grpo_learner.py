@@ -25,6 +25,7 @@ from olingo.config import StrictModel
 from olingo.engines import GenerationSettings
 from olingo.experience_maker import Experience, policy_logits
 from olingo.experience_maker.group import GroupExperienceConfig
+from olingo.models.packing import lm_logits
 from olingo.rl.kl import KLEstimator
 from olingo.rl.logprobs import GPTLMLoss, entropy_from_logits, log_probs_from_logits
 from olingo.rl.masked import masked_mean
@@ -82,7 +83,8 @@ class GRPOLearner(TrainedModel):
     Args beyond the boosted model: `loss` (`GRPOLossConfig`), `kl_coef` and `kl_estimator`
     of the KL term (used only when `kl_in_loss` and experience carries reference log-probs),
     `max_length` (the generation limit: Dr. GRPO's constant normaliser), `apply_loss_mask`
-    (ptx rows: only their loss_mask tokens count).
+    (ptx rows: only their loss_mask tokens count), `packing` (the policy and ptx forwards run
+    padding-free: `olingo.models.packing`, docs/packing.md; the same gradient up to rounding).
     """
 
     name = "actor"
@@ -90,6 +92,7 @@ class GRPOLearner(TrainedModel):
     def __init__(
         self, booster: Booster, actor: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any, loss: GRPOLossConfig | None = None, *,
         kl_coef: float = 0.0, kl_estimator: KLEstimator = "k3", kl_in_loss: bool = True, max_length: int | None = None, apply_loss_mask: bool = True,
+        packing: bool = True,
     ) -> None:
         super().__init__(booster, actor, optim, scheduler)
         self.loss = loss or GRPOLossConfig()
@@ -98,19 +101,20 @@ class GRPOLearner(TrainedModel):
             kl_coef=kl_coef if kl_in_loss else 0.0, kl_estimator=kl_estimator, max_length=max_length,
             objective=self.loss.objective, params=self.loss.objective_params(),
         )
-        self.ptx_loss_fn, self.apply_loss_mask = GPTLMLoss(), apply_loss_mask
+        self.ptx_loss_fn, self.apply_loss_mask, self.packing = GPTLMLoss(), apply_loss_mask, packing
         self.device = booster.device
 
     @classmethod
     def build(
         cls, booster: Booster, actor: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any, loss: GRPOLossConfig, experience: GroupExperienceConfig,
-        generation: GenerationSettings, *, apply_loss_mask: bool = True,
+        generation: GenerationSettings, *, apply_loss_mask: bool = True, packing: bool = True,
     ) -> GRPOLearner:
         """From the `loss:` section, the KL term of the `experience:` section (a loss term only with
         kl_penalty "loss") and the generation limit (Dr. GRPO's normaliser)."""
         return cls(
             booster, actor, optim, scheduler, loss, kl_coef=experience.kl_coef, kl_estimator=experience.estimator_name,
             kl_in_loss=experience.kl_penalty == "loss", max_length=generation.max_new_tokens, apply_loss_mask=apply_loss_mask,
+            packing=packing,
         )
 
     @property
@@ -151,7 +155,9 @@ class GRPOLearner(TrainedModel):
         if experience.advantages is None:
             raise ValueError("experience without advantages: pass it through the maker's finish() first")
         mask, num_actions = experience.action_mask, experience.num_actions
-        logits = policy_logits(self.model, experience.sequences, experience.attention_mask, num_actions, temperature)
+        logits = policy_logits(
+            self.model, experience.sequences, experience.attention_mask, num_actions, temperature, packing=self.packing, position_ids=experience.position_ids,
+        )
         log_probs = log_probs_from_logits(logits, experience.sequences[:, -num_actions:])
         tis = tis_weights(experience, log_probs, self.loss.tis_cap)
         policy_loss, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask, units, experience.base_action_log_probs, tis)
@@ -169,7 +175,7 @@ class GRPOLearner(TrainedModel):
     def ptx_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Next-token loss of the actor on a pretrain (SFT-format) batch."""
         batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        logits = lm_logits(self.model, batch["input_ids"], batch["attention_mask"], packing=self.packing)
         mask = batch["loss_mask"] if self.apply_loss_mask and "loss_mask" in batch else batch["attention_mask"]
         return self.ptx_loss_fn(logits, batch["input_ids"], mask)
 

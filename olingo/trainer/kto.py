@@ -33,7 +33,7 @@ class KTOTrainer(OfflinePreferenceTrainer):
     ColossalChat-compatible signature (docs/coming-from-colossalchat.md); batches come from
     `UnpairedCollator` (`input_ids`, `attention_mask`, `loss_mask`, `label`, and the mismatched
     `kl_*` pair). Keyword-only extras: `precompute_ref_log_probs` (and `precompute_batch_size`), `callbacks`,
-    `eval_interval`.
+    `eval_interval`, `packing` (padding-free forwards, default on).
     With a LoRA actor and `ref_model=None` the reference is the base with adapters disabled.
     """
 
@@ -63,6 +63,7 @@ class KTOTrainer(OfflinePreferenceTrainer):
         precompute_batch_size: int | None = None,
         callbacks: Sequence[Callback] = (),
         eval_interval: int = 0,
+        packing: bool = True,
     ) -> None:
         if beta <= 0 or desirable_weight < 0 or undesirable_weight < 0:
             raise ValueError(f"need beta > 0 and weights >= 0, got beta={beta}, desirable_weight={desirable_weight}, undesirable_weight={undesirable_weight}")
@@ -70,7 +71,7 @@ class KTOTrainer(OfflinePreferenceTrainer):
             actor=actor, booster=booster, actor_optim=actor_optim, plugin=plugin, actor_lr_scheduler=actor_lr_scheduler,
             tokenizer=tokenizer, max_epochs=max_epochs, apply_loss_mask=apply_loss_mask, accumulation_steps=accumulation_steps,
             start_epoch=start_epoch, save_interval=save_interval, save_dir=save_dir, coordinator=coordinator,
-            callbacks=callbacks, eval_interval=eval_interval, ref_model=ref_model, needs_reference=True,
+            callbacks=callbacks, eval_interval=eval_interval, packing=packing, ref_model=ref_model, needs_reference=True,
             precompute_ref_log_probs=precompute_ref_log_probs, precompute_batch_size=precompute_batch_size,
         )
         self.beta, self.desirable_weight, self.undesirable_weight = beta, desirable_weight, undesirable_weight
@@ -83,7 +84,7 @@ class KTOTrainer(OfflinePreferenceTrainer):
         with torch.no_grad():
             for batch in batches:
                 ids, attention, mask = batch["kl_input_ids"], batch["kl_attention_mask"], self._mask(batch, "kl_")
-                policy = response_logps(self.model, ids, attention, mask).sums
+                policy = response_logps(self.model, ids, attention, mask, packing=self.packing).sums
                 reference = self._reference(batch, ("ref_kl_logps",), ids, attention, mask)
                 totals += torch.stack([(policy - reference).sum(), torch.tensor(float(ids.shape[0]), device=totals.device)])
         total, rows = self.plugin.all_reduce_sum(totals).tolist()
@@ -98,7 +99,7 @@ class KTOTrainer(OfflinePreferenceTrainer):
     # ---- one micro-batch ---------------------------------------------------------------------------
     def _terms(self, batch: dict[str, torch.Tensor]) -> RowTerms:
         ids, attention, mask = batch["input_ids"], batch["attention_mask"], self._mask(batch)
-        policy = response_logps(self.model, ids, attention, mask).sums
+        policy = response_logps(self.model, ids, attention, mask, packing=self.packing).sums
         reference = self._reference(batch, ("ref_logps",), ids, attention, mask)
         desirable = batch["label"].bool()
         loss = kto_loss(policy, reference, desirable, self.kl, self.beta, self.desirable_weight, self.undesirable_weight)
@@ -118,6 +119,6 @@ class KTOTrainer(OfflinePreferenceTrainer):
         return means
 
     def _reference_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        own = self.reference.logps(batch["input_ids"], batch["attention_mask"], self._mask(batch))
-        mismatched = self.reference.logps(batch["kl_input_ids"], batch["kl_attention_mask"], self._mask(batch, "kl_"))
+        own = self.reference.logps(batch["input_ids"], batch["attention_mask"], self._mask(batch), packing=self.packing)
+        mismatched = self.reference.logps(batch["kl_input_ids"], batch["kl_attention_mask"], self._mask(batch, "kl_"), packing=self.packing)
         return torch.stack([own, mismatched], dim=1)

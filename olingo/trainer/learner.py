@@ -17,6 +17,7 @@ policy losses apply to a separate engine's rollouts.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import torch
 
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.experience_maker import Experience
+from olingo.models.packing import packed_shape
 from olingo.rl.kl import truncated_is_weights
 from olingo.trainer.checkpoint import load_trained, save_trained
 
@@ -48,6 +50,7 @@ class Learner(Protocol):
     """What a loop needs from the learn half (see the module docstring)."""
 
     ptx_coef: float  # weight of the pretraining LM loss; > 0 makes the loop draw pretrain batches
+    packing: bool  # the learn forwards run padding-free (olingo.models.packing)
 
     def train(self) -> None: ...
     def eval(self) -> None: ...
@@ -70,7 +73,9 @@ def learn_step(
 
     `temperature`: the one the rollouts were sampled at. `next_ptx_batch`: draws the pretrain
     batch of each micro-batch (None: no ptx loss). `around_micro_batch(experience)`: a context
-    manager around each micro-batch (the loop's learn-batch hooks)."""
+    manager around each micro-batch (the loop's learn-batch hooks). The metrics add the step's
+    `learn_forward_metrics`."""
+    start = time.perf_counter()
     share = learner.step_share(micro_batches)
     stats = []
     for i, experience in enumerate(micro_batches):
@@ -78,7 +83,20 @@ def learn_step(
         with nullcontext() if last else learner.no_sync(), around_micro_batch(experience) if around_micro_batch else nullcontext():
             ptx_batch = next_ptx_batch() if next_ptx_batch is not None else None
             stats.append(learner.training_step(experience, share, temperature, ptx_batch))
-    return learner.optimizer_step(stats)
+    metrics = learner.optimizer_step(stats)
+    return {**metrics, **learn_forward_metrics(micro_batches, learner.packing, time.perf_counter() - start)}
+
+
+def learn_forward_metrics(micro_batches: list[Experience], packing: bool, seconds: float) -> dict[str, float]:
+    """This rank's `perf/padding_fraction` of one optimizer step's policy forwards (the share of
+    computed positions that are padding: packed, the rows x width `packed_shape` gives each
+    micro-batch; padded, its B x L) and `perf/learn_tokens_per_s` (attended tokens / `seconds`)."""
+    real = computed = 0
+    for experience in micro_batches:
+        lengths = experience.attention_mask.sum(-1).tolist()
+        rows, width = packed_shape(lengths) if packing else experience.attention_mask.shape
+        real, computed = real + sum(lengths), computed + rows * width
+    return {"perf/padding_fraction": 1.0 - real / max(computed, 1), "perf/learn_tokens_per_s": real / seconds if seconds > 0 else 0.0}
 
 
 def check_boosted(name: str, optim: Any) -> None:

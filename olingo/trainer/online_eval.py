@@ -29,7 +29,8 @@ def evaluate_policy(
     `maker`: anything with `rollout_and_score` (the PPO or the group experience maker).
     Metrics: reward (mean raw score) and reward_std, kl (mean over responses of the summed
     per-token log-ratio to the reference model: the sequence KL estimate; absent when the maker
-    has no reference model), response_length,
+    has no reference model), teacher_kl (the same estimate against a distillation teacher, only
+    with one: `model.teacher`, docs/algorithms.md), response_length,
     truncated (share cut off without a stop) and, when `accuracy_fn` is given and prompts carry
     a gt_answer, accuracy (share of those rows where it is > 0). `accuracy_fn` is a reward
     function (a callable, a registered name or an import path) and is called as training calls
@@ -40,26 +41,32 @@ def evaluate_policy(
     """
     accuracy = reward_function(accuracy_fn) if accuracy_fn is not None else None
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    totals = torch.zeros(6, dtype=torch.float64)  # n, reward, reward^2, kl, length, truncated
+    totals = torch.zeros(7, dtype=torch.float64)  # n, reward, reward^2, kl, length, truncated, teacher kl
     correct = torch.zeros(2, dtype=torch.float64)  # correct, scored
     samples: list[dict[str, Any]] = []
-    has_kl = True
+    has_kl = has_teacher = True
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         for batch in loader:
-            scored = maker.rollout_and_score(batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), generation, batch.get("row_fields"))
+            scored = maker.rollout_and_score(
+                batch["input_ids"], batch["attention_mask"], batch.get("gt_answer"), generation, batch.get("row_fields"), messages=batch.get("messages"),
+            )
             mask = scored.rollout.action_mask
             has_kl = scored.ref_log_probs is not None  # a run without a reference model has no KL to report
             kl = kl_estimate(scored.log_probs, scored.ref_log_probs, "k1", mask).sum(-1) if has_kl else torch.zeros(len(mask))
+            has_teacher = getattr(scored, "teacher_log_probs", None) is not None  # only a distillation run has a teacher
+            teacher_kl = kl_estimate(scored.log_probs, scored.teacher_log_probs, "k1", mask).sum(-1) if has_teacher else torch.zeros(len(mask))
             reward = scored.raw_score.double().cpu()
-            totals += torch.tensor([len(reward), reward.sum(), (reward**2).sum(), kl.sum(), mask.sum(), scored.rollout.truncated.sum()], dtype=torch.float64)
+            totals += torch.tensor(
+                [len(reward), reward.sum(), (reward**2).sum(), kl.sum(), mask.sum(), scored.rollout.truncated.sum(), teacher_kl.sum()], dtype=torch.float64,
+            )
             rows = scored.samples()
             if accuracy is not None:
                 correct += mark_correct(accuracy, rows, batch.get("row_fields"))
             samples.extend(rows)
     if all_reduce_sum is not None:
         totals, correct = all_reduce_sum(totals), all_reduce_sum(correct)
-    n, reward_sum, reward_sq, kl_sum, length_sum, truncated = totals.tolist()
+    n, reward_sum, reward_sq, kl_sum, length_sum, truncated, teacher_kl_sum = totals.tolist()
     mean = reward_sum / n
     metrics = {
         "reward": mean,
@@ -70,6 +77,8 @@ def evaluate_policy(
     }
     if not has_kl:
         del metrics["kl"]
+    if has_teacher:
+        metrics["teacher_kl"] = teacher_kl_sum / n
     if correct[1] > 0:
         metrics["accuracy"] = float(correct[0] / correct[1])
     return metrics, samples

@@ -14,7 +14,8 @@ response-normalised loss) and the experience maker (PPO: critic values and GAE w
 the reward; the GRPO family: groups of G responses, group advantages, dynamic sampling). A new
 rollout source (an environment, an agent) plugs into the maker; this loop does not change.
 Metrics per optimizer step: train/* from the learner, rollout/* of the episode's experience,
-time/make_experience, time/learn, perf/tokens_per_s, and the engine sync's time/weight_sync.
+time/make_experience, time/learn, perf/tokens_per_s, the learn forwards' perf/padding_fraction and
+perf/learn_tokens_per_s (`learn_step`), and the engine sync's time/weight_sync.
 """
 
 from __future__ import annotations

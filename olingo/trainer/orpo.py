@@ -30,7 +30,7 @@ class ORPOTrainer(OfflinePreferenceTrainer):
     odds-ratio preference term, no reference model.
 
     ColossalChat-compatible signature (docs/coming-from-colossalchat.md; `lam` weighs the odds-ratio
-    term); keyword-only extras: `callbacks`, `eval_interval`.
+    term); keyword-only extras: `callbacks`, `eval_interval`, `packing` (padding-free forwards, default on).
     """
 
     def __init__(
@@ -52,6 +52,7 @@ class ORPOTrainer(OfflinePreferenceTrainer):
         *,
         callbacks: Sequence[Callback] = (),
         eval_interval: int = 0,
+        packing: bool = True,
     ) -> None:
         if lam < 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
@@ -59,13 +60,13 @@ class ORPOTrainer(OfflinePreferenceTrainer):
             actor=actor, booster=booster, actor_optim=actor_optim, plugin=plugin, actor_lr_scheduler=actor_lr_scheduler,
             tokenizer=tokenizer, max_epochs=max_epochs, apply_loss_mask=apply_loss_mask, accumulation_steps=accumulation_steps,
             start_epoch=start_epoch, save_interval=save_interval, save_dir=save_dir, coordinator=coordinator,
-            callbacks=callbacks, eval_interval=eval_interval,
+            callbacks=callbacks, eval_interval=eval_interval, packing=packing,
         )
         self.lam = lam
 
     def _terms(self, batch: dict[str, torch.Tensor]) -> RowTerms:
         ids, attention, mask = pair_inputs(batch, self._mask)
-        chosen, rejected = halves(response_logps(self.model, ids, attention, mask))
+        chosen, rejected = halves(response_logps(self.model, ids, attention, mask, packing=self.packing))
         nll = -chosen.means
         loss, ratio_loss = orpo_loss(chosen.means, rejected.means, nll, self.lam)
         chosen_rewards, rejected_rewards = self.lam * chosen.means.detach(), self.lam * rejected.means.detach()

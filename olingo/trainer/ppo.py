@@ -33,7 +33,8 @@ class PPOTrainer(OnlineTrainer):
     `experience_config` (`ExperienceConfig`; the `kl_coef` keyword fills its coefficient and must
     agree with one it sets), `reward_shaping` (`RewardShaping`), `engine` (the `RolloutEngine`;
     default transformers `generate` on the actor), `tis_cap`, `eval_interval`,
-    `eval_before_training`, `accuracy_fn` and `eval_generate_kwargs` (see `OnlineTrainer`).
+    `eval_before_training`, `accuracy_fn` and `eval_generate_kwargs` (see `OnlineTrainer`), `packing`
+    (every forward over rollouts, scoring and learning, padding-free: `olingo.models.packing`).
     `ptx_coef > 0` needs a `pretrain_dataloader` in `fit` (checked when fit starts).
     """
 
@@ -47,7 +48,7 @@ class PPOTrainer(OnlineTrainer):
         coordinator: DistCoordinator | None = None, callbacks: Sequence[Callback] = (), *, experience_config: ExperienceConfig | None = None,
         reward_shaping: RewardShaping | None = None, engine: RolloutEngine | None = None, tis_cap: float | None = None, eval_interval: int = 0,
         eval_before_training: bool = True, accuracy_fn: Callable[..., Any] | None = None, eval_generate_kwargs: dict[str, Any] | None = None,
-        **generate_kwargs: Any,
+        packing: bool = True, **generate_kwargs: Any,
     ) -> None:
         if use_tp:
             raise ValueError("use_tp=True: tensor parallelism is not available in olingo; use the DDP or FSDP2 plugin")
@@ -57,12 +58,13 @@ class PPOTrainer(OnlineTrainer):
         experience = merge_keywords(ExperienceConfig, experience_config, "experience_config", {"kl_coef": (kl_coef, 0.1)})
         generation, eval_generation = generation_settings(generate_kwargs, eval_generate_kwargs)
         learner = PPOLearner.build(actor_booster, critic_booster, actor, critic, actor_optim, critic_optim, actor_lr_scheduler, critic_lr_scheduler,
-                                   loss, apply_loss_mask=apply_loss_mask)
+                                   loss, apply_loss_mask=apply_loss_mask, packing=packing)
         # Unwrapped: rollouts are forward-only, so DDP's per-forward bookkeeping is not wanted;
         # the plugin's sum over ranks keeps KL, reward statistics and (optionally) whitening global.
         maker = PPOExperienceMaker(
             actor_booster.unwrap(actor), critic_booster.unwrap(critic) if critic is not None else None, reward_model, initial_model, tokenizer,
             config=experience, shaping=reward_shaping, engine=engine, generation=generation, all_reduce_sum=actor_booster.plugin.all_reduce_sum,
+            packing=packing,
         )
         super().__init__(actor_booster, learner, maker, tokenizer, loop, save_dir=save_dir, callbacks=callbacks, coordinator=coordinator,
                          inference_models=(initial_model, reward_model), accuracy_fn=accuracy_fn, eval_generation=eval_generation)

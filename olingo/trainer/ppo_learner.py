@@ -21,6 +21,7 @@ from pydantic import Field
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.config import StrictModel
 from olingo.experience_maker import Experience, action_values, policy_logits
+from olingo.models.packing import lm_logits
 from olingo.rl.logprobs import GPTLMLoss, entropy_from_logits, log_probs_from_logits
 from olingo.rl.masked import explained_variance, masked_mean
 from olingo.rl.policy_loss import PolicyLoss, ValueLoss
@@ -43,21 +44,25 @@ class PPOLossConfig(StrictModel):
 
 class PolicyLearner(TrainedModel):
     """The actor: clipped policy loss, plus `ptx_coef` x the LM loss of a pretrain batch when
-    one is given (`apply_loss_mask`: only its `loss_mask` tokens count, as in SFT)."""
+    one is given (`apply_loss_mask`: only its `loss_mask` tokens count, as in SFT); `packing`:
+    the policy and ptx forwards run padding-free (`olingo.models.packing`, docs/packing.md)."""
 
     name = "actor"
 
     def __init__(self, booster: Booster, actor: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any, *,
-                 eps_clip: float = 0.2, ptx_coef: float = 0.0, apply_loss_mask: bool = True, tis_cap: float | None = None) -> None:
+                 eps_clip: float = 0.2, ptx_coef: float = 0.0, apply_loss_mask: bool = True, tis_cap: float | None = None,
+                 packing: bool = True) -> None:
         super().__init__(booster, actor, optim, scheduler)
         self.loss_fn, self.ptx_loss_fn = PolicyLoss(eps_clip), GPTLMLoss()
-        self.ptx_coef, self.apply_loss_mask, self.tis_cap = ptx_coef, apply_loss_mask, tis_cap
+        self.ptx_coef, self.apply_loss_mask, self.tis_cap, self.packing = ptx_coef, apply_loss_mask, tis_cap, packing
 
     def losses(self, experience: Experience, temperature: float, ptx_batch: dict[str, Any] | None) -> tuple[torch.Tensor, bool, dict[str, torch.Tensor]]:
         """(actor loss, skip, detached stats) of one minibatch; `temperature` is the one the
         rollout sampled at, so the ratio compares the distributions the old log-probs came from."""
         mask, num_actions = experience.action_mask, experience.num_actions
-        logits = policy_logits(self.model, experience.sequences, experience.attention_mask, num_actions, temperature)
+        logits = policy_logits(
+            self.model, experience.sequences, experience.attention_mask, num_actions, temperature, packing=self.packing, position_ids=experience.position_ids,
+        )
         log_probs = log_probs_from_logits(logits, experience.sequences[:, -num_actions:])
         tis = tis_weights(experience, log_probs, self.tis_cap)
         policy_loss, skip, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask, tis)
@@ -76,27 +81,29 @@ class PolicyLearner(TrainedModel):
     def ptx_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Next-token loss of the actor on a pretrain (SFT-format) batch."""
         batch = {k: v.to(self.booster.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        logits = lm_logits(self.model, batch["input_ids"], batch["attention_mask"], packing=self.packing)
         mask = batch["loss_mask"] if self.apply_loss_mask and "loss_mask" in batch else batch["attention_mask"]
         return self.ptx_loss_fn(logits, batch["input_ids"], mask)
 
 
 class CriticLearner(TrainedModel):
-    """The critic: clipped value loss around the rollout-time values, times `vf_coef`."""
+    """The critic: clipped value loss around the rollout-time values, times `vf_coef` (`packing`: its forward padding-free)."""
 
     name = "critic"
 
     def __init__(self, booster: Booster, critic: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any, *,
-                 value_clip: float = 0.2, vf_coef: float = 1.0) -> None:
+                 value_clip: float = 0.2, vf_coef: float = 1.0, packing: bool = True) -> None:
         super().__init__(booster, critic, optim, scheduler)
-        self.loss_fn, self.vf_coef = ValueLoss(value_clip), vf_coef
+        self.loss_fn, self.vf_coef, self.packing = ValueLoss(value_clip), vf_coef, packing
 
     def losses(self, experience: Experience) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(value loss x vf_coef, detached stats) of one minibatch; needs values and returns."""
         if experience.values is None or experience.returns is None:
             raise ValueError("the critic learner needs experience with values and returns (made with a critic)")
         mask = experience.action_mask
-        values = action_values(self.model, experience.sequences, experience.attention_mask, experience.num_actions)
+        values = action_values(
+            self.model, experience.sequences, experience.attention_mask, experience.num_actions, packing=self.packing, position_ids=experience.position_ids,
+        )
         value_loss, stats = self.loss_fn(values, experience.values, experience.returns, mask)
         return value_loss * self.vf_coef, {
             "value_loss": value_loss.detach(), "value_clipfrac": stats["value_clipfrac"],
@@ -114,16 +121,18 @@ class PPOLearner:
     @classmethod
     def build(cls, actor_booster: Booster, critic_booster: Booster | None, actor: torch.nn.Module, critic: torch.nn.Module | None,
               actor_optim: OptimizerWrapper, critic_optim: OptimizerWrapper | None, actor_scheduler: Any, critic_scheduler: Any,
-              loss: PPOLossConfig | None = None, *, apply_loss_mask: bool = True) -> PPOLearner:
-        """From the pieces `booster.boost` returned; `critic=None` builds no critic learner."""
+              loss: PPOLossConfig | None = None, *, apply_loss_mask: bool = True, packing: bool = True) -> PPOLearner:
+        """From the pieces `booster.boost` returned; `critic=None` builds no critic learner;
+        `packing`: every learn forward padding-free (`model.packing`)."""
         loss = loss or PPOLossConfig()
         policy = PolicyLearner(
             actor_booster, actor, actor_optim, actor_scheduler,
-            eps_clip=loss.eps_clip, ptx_coef=loss.ptx_coef, apply_loss_mask=apply_loss_mask, tis_cap=loss.tis_cap,
+            eps_clip=loss.eps_clip, ptx_coef=loss.ptx_coef, apply_loss_mask=apply_loss_mask, tis_cap=loss.tis_cap, packing=packing,
         )
         if critic is None:
             return cls(policy)
-        return cls(policy, CriticLearner(critic_booster, critic, critic_optim, critic_scheduler, value_clip=loss.value_clip, vf_coef=loss.vf_coef))
+        return cls(policy, CriticLearner(critic_booster, critic, critic_optim, critic_scheduler, value_clip=loss.value_clip, vf_coef=loss.vf_coef,
+                                             packing=packing))
 
     # Names the trainers and checkpoints use.
     @property
@@ -137,6 +146,10 @@ class PPOLearner:
     @property
     def ptx_coef(self) -> float:
         return self.policy.ptx_coef
+
+    @property
+    def packing(self) -> bool:
+        return self.policy.packing
 
     @property
     def tis_cap(self) -> float | None:

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
 from olingo.models.lora import adapters_disabled, has_lora
-from olingo.models.utils import keeps_logits
+from olingo.models.packing import lm_logits
 from olingo.rl.logprobs import sequence_log_probs
 from olingo.rl.preference import SequenceLogps
 from olingo.trainer.callbacks import Callback, LoopArtifacts
@@ -82,17 +82,20 @@ class StatSums:
         return {n: sums[i] / counts[i] for i, n in enumerate(names) if counts[i] > 0}
 
 
-def response_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor) -> SequenceLogps:
+def response_logps(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor, *, packing: bool = False,
+) -> SequenceLogps:
     """log pi(y|x) of each row's masked tokens (see `sequence_log_probs`), from one forward.
 
     Only the positions from the first masked token of any row on get logits (`logits_to_keep`
     where the model takes it): the output head and the log-softmax over the vocabulary are the
-    costliest part of a small model's forward, and the prompt needs neither.
+    costliest part of a small model's forward, and the prompt needs neither. With `packing` the
+    rows' attended tokens run padding-free (`olingo.models.packing`) and the logits come back in
+    the padded layout, so each padded row keeps its own sums and counts (the chosen and rejected
+    halves of a concatenated pair batch stay exact).
     """
     start = first_scored_position(mask)
-    kwargs = {"logits_to_keep": input_ids.shape[1] - start} if keeps_logits(model) else {}
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
-    logits = logits[:, -(input_ids.shape[1] - start) :]
+    logits = lm_logits(model, input_ids, attention_mask, packing=packing, last=input_ids.shape[1] - start)
     return SequenceLogps(*sequence_log_probs(logits, input_ids[:, start:], mask[:, start:]))
 
 
@@ -115,18 +118,18 @@ class ReferencePolicy:
         self.is_policy = model is None
         self.released = False
 
-    def logps(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Summed reference log-probs (B,) of the masked tokens, without gradient."""
+    def logps(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor, *, packing: bool = False) -> torch.Tensor:
+        """Summed reference log-probs (B,) of the masked tokens, without gradient (`packing`: padding-free forward)."""
         if self.released:
             raise RuntimeError("the reference model was released after precomputing its log-probs, and this batch has no precomputed column")
         with torch.no_grad():
             if self.model is not None:
-                return response_logps(self.model, input_ids, attention_mask, mask).sums
+                return response_logps(self.model, input_ids, attention_mask, mask, packing=packing).sums
             was_training = self.policy.training
             self.policy.eval()  # the reference has no dropout
             try:
                 with adapters_disabled(self.policy):
-                    return response_logps(self.policy, input_ids, attention_mask, mask).sums
+                    return response_logps(self.policy, input_ids, attention_mask, mask, packing=packing).sums
             finally:
                 self.policy.train(was_training)
 
@@ -145,7 +148,9 @@ class ReferencePolicy:
 
 class OfflinePreferenceTrainer(SLTrainer):
     """Shared by `DPOTrainer`, `ORPOTrainer` and `KTOTrainer`: the step above, evaluation with the
-    same metrics on the eval set, and reference precomputation (`precompute_ref_log_probs`)."""
+    same metrics on the eval set, and reference precomputation (`precompute_ref_log_probs`).
+    `packing` (keyword-only, default on) runs every forward padding-free per micro-batch
+    (`olingo.models.packing`): the same per-row log-probs, so the same step, float rounding aside."""
 
     reference_columns: tuple[str, ...] = ()  # batch columns a precomputed reference fills
 
@@ -154,13 +159,13 @@ class OfflinePreferenceTrainer(SLTrainer):
         tokenizer: Any, max_epochs: int, apply_loss_mask: bool, accumulation_steps: int, start_epoch: int,
         save_interval: int, save_dir: str | None, coordinator: DistCoordinator | None, callbacks: Sequence[Callback],
         eval_interval: int, ref_model: torch.nn.Module | None = None, needs_reference: bool = False,
-        precompute_ref_log_probs: bool = False, precompute_batch_size: int | None = None,
+        precompute_ref_log_probs: bool = False, precompute_batch_size: int | None = None, packing: bool = True,
     ) -> None:
         super().__init__(
             booster=booster, max_epochs=max_epochs, model=actor, optimizer=actor_optim, plugin=plugin,
             lr_scheduler=actor_lr_scheduler, start_epoch=start_epoch, accumulation_steps=accumulation_steps,
             save_interval=save_interval or 0, save_dir=save_dir, coordinator=coordinator, callbacks=callbacks,
-            eval_interval=eval_interval,
+            eval_interval=eval_interval, packing=packing,  # every policy and reference forward, the precomputed reference's included
         )
         self.tokenizer = tokenizer
         self.apply_loss_mask = apply_loss_mask
@@ -214,7 +219,7 @@ class OfflinePreferenceTrainer(SLTrainer):
         in order, when it has them; else a live reference forward of the inputs."""
         if columns[0] in batch:
             return torch.cat([batch[column] for column in columns])
-        return self.reference.logps(input_ids, attention_mask, mask)
+        return self.reference.logps(input_ids, attention_mask, mask, packing=self.packing)
 
     # ---- the step ------------------------------------------------------------------------------
     def _train_group(self, group: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

@@ -98,7 +98,9 @@ class ReferencePrecompute:
     """One pass of the reference over datasets, sharded over ranks, with a file cache.
 
     `columns` computes the values of a collated batch (no gradient); `cache_file` is None for
-    no file. The forward runs under `torch.no_grad()` in eval mode of whatever `columns` calls.
+    no file. The forward runs under `torch.no_grad()` in eval mode of whatever `columns` calls,
+    packed when the trainer packs; packed and padded values agree to float rounding, so a run
+    with either setting reads the same cache file.
     """
 
     columns: Columns

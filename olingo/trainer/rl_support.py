@@ -57,6 +57,7 @@ def held_out_eval(trainer: Any, maker: Any) -> dict[str, float] | None:
             maker, trainer.eval_dataloader, trainer.eval_generation, accuracy_fn=trainer.accuracy_fn, all_reduce_sum=all_reduce_sum
         )
     trainer.engine_sync.after_rollout()
+    trainer.state.extra["eval_samples"] = samples  # this rank's scored samples, for callbacks' on_eval (reward_monitor)
     if trainer.state.output_dir is not None and trainer.coordinator.is_master:
         out = trainer.state.output_dir / "eval"
         out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,9 @@
 """`RewardModelTrainer`: pairwise reward-model training.
 
 One optimizer step, as the algorithm reads:
-    1. chosen and rejected rows of a micro-batch go through ONE forward pass, concatenated (2B rows)
+    1. chosen and rejected rows of a micro-batch go through ONE forward pass, concatenated (2B rows);
+       with `packing` (the default) their attended tokens run padding-free, each row still scored
+       at its own last attended token (`RewardModel.forward`)
     2. split the scores back into r_chosen (B,) and r_rejected (B,)
     3. loss = loss_fn(r_chosen, r_rejected) (LogSigLoss by default), backward on loss / micro-batches
     4. after `accumulation_steps` micro-batches: clip, optimizer step, scheduler step
@@ -25,11 +27,13 @@ from olingo.trainer.callbacks import Callback, LoopArtifacts
 from olingo.trainer.supervised import SLTrainer
 
 
-def score_pairs(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores of chosen and rejected rows from one concatenated forward: two (B,) tensors."""
+def score_pairs(model: torch.nn.Module, batch: dict[str, torch.Tensor], packing: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores of chosen and rejected rows from one concatenated forward: two (B,) tensors.
+
+    packing: the 2B rows' attended tokens run padding-free (`RewardModel.forward(..., packing=True)`)."""
     input_ids = torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]])
     attention_mask = torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
-    scores = model(input_ids=input_ids, attention_mask=attention_mask)
+    scores = model(input_ids=input_ids, attention_mask=attention_mask, packing=packing)
     return scores.chunk(2)
 
 
@@ -50,9 +54,10 @@ def pair_stats(chosen: torch.Tensor, rejected: torch.Tensor, loss: torch.Tensor)
 class RewardModelTrainer(SLTrainer):
     """Train a `RewardModel` on chosen/rejected pairs.
 
-    ColossalChat-compatible signature (docs/coming-from-colossalchat.md), plus two keyword-only
-    extras: `callbacks` (any olingo `Callback`) and `eval_interval` (evaluate every
-    N optimizer steps as well as after every epoch; 0 = only after epochs).
+    ColossalChat-compatible signature (docs/coming-from-colossalchat.md), plus keyword-only
+    extras: `callbacks` (any olingo `Callback`), `eval_interval` (evaluate every
+    N optimizer steps as well as after every epoch; 0 = only after epochs) and `packing`
+    (padding-free forwards, default on, as `model.packing`).
     `loss_fn=None` means `LogSigLoss(beta=beta)`; `beta` is the preference model's inverse
     temperature and is used only by that default loss. `save_interval` counts optimizer steps;
     checkpoints go to `<save_dir>/checkpoints/`. Gradient clipping is the plugin's `max_norm`.
@@ -77,12 +82,13 @@ class RewardModelTrainer(SLTrainer):
         *,
         callbacks: Sequence[Callback] = (),
         eval_interval: int = 0,
+        packing: bool = True,
     ) -> None:
         super().__init__(
             booster=booster, max_epochs=max_epochs, model=model, optimizer=optimizer, plugin=plugin,
             lr_scheduler=lr_scheduler, start_epoch=start_epoch, accumulation_steps=accumulation_steps,
             save_interval=save_interval, save_dir=save_dir, coordinator=coordinator,
-            callbacks=callbacks, eval_interval=eval_interval,
+            callbacks=callbacks, eval_interval=eval_interval, packing=packing,
         )
         self.tokenizer = tokenizer
         self.beta = beta
@@ -110,7 +116,7 @@ class RewardModelTrainer(SLTrainer):
         return self._run(log_dir, use_wandb)
 
     def _forward_backward(self, batch: dict[str, torch.Tensor], loss_scale: float) -> dict[str, torch.Tensor]:
-        chosen, rejected = score_pairs(self.model, batch)
+        chosen, rejected = score_pairs(self.model, batch, self.packing)
         loss = self.loss_fn(chosen, rejected)
         self.booster.backward(loss * loss_scale, self.optimizer)
         return pair_stats(chosen, rejected, loss)
@@ -119,7 +125,7 @@ class RewardModelTrainer(SLTrainer):
         """Pair-weighted means over the whole eval set, summed across ranks."""
         totals = torch.zeros(len(PAIR_STATS) + 1, device=self.booster.device)  # stats..., pairs
         for batch in self.eval_dataloader:
-            chosen, rejected = score_pairs(self.model, self._to_device(batch))
+            chosen, rejected = score_pairs(self.model, self._to_device(batch), self.packing)
             stats = pair_stats(chosen, rejected, self.loss_fn(chosen, rejected))
             row = torch.stack([*(stats[name] for name in PAIR_STATS), torch.ones((), device=totals.device)])
             totals += row * chosen.shape[0]

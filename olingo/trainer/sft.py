@@ -6,7 +6,9 @@ One optimizer step, as the algorithm reads:
     3. clip, optimizer step, scheduler step
 Dividing by the step's token count (not by each micro-batch's own) makes batch 8 x accumulation 1,
 batch 2 x accumulation 4 and 2 ranks x batch 4 compute the very same gradient: the mean over all
-trained tokens of the step.
+trained tokens of the step. With `packing` (the default) each micro-batch's rows run padding-free
+(`olingo.models.packing.lm_logits`): the same logits at every attended position, so the same NLL
+and normalisation, float rounding aside.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
+from olingo.models.packing import lm_logits
 from olingo.rl.logprobs import token_nll
 from olingo.trainer.callbacks import Callback, LoopArtifacts
 from olingo.trainer.supervised import SLTrainer
@@ -30,7 +33,7 @@ class SFTTrainer(SLTrainer):
 
     ColossalChat-compatible signature (docs/coming-from-colossalchat.md); `apply_loss_mask=False`
     trains on every token. Keyword-only extras: `tokenizer` (saved with every checkpoint),
-    `callbacks`, `eval_interval`.
+    `callbacks`, `eval_interval`, `packing` (padding-free forwards, default on, as `model.packing`).
     """
 
     def __init__(
@@ -51,12 +54,13 @@ class SFTTrainer(SLTrainer):
         tokenizer: Any = None,
         callbacks: Sequence[Callback] = (),
         eval_interval: int = 0,
+        packing: bool = True,
     ) -> None:
         super().__init__(
             booster=booster, max_epochs=max_epochs, model=model, optimizer=optim,
             plugin=plugin or booster.plugin, lr_scheduler=lr_scheduler, start_epoch=start_epoch,
             accumulation_steps=accumulation_steps, save_interval=save_interval or 0, save_dir=save_dir,
-            coordinator=coordinator, callbacks=callbacks, eval_interval=eval_interval,
+            coordinator=coordinator, callbacks=callbacks, eval_interval=eval_interval, packing=packing,
         )
         self.apply_loss_mask = apply_loss_mask
         self.tokenizer = tokenizer
@@ -77,7 +81,7 @@ class SFTTrainer(SLTrainer):
         return batch["loss_mask"] if self.apply_loss_mask else batch["attention_mask"]
 
     def _nll(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        logits = lm_logits(self.model, batch["input_ids"], batch["attention_mask"], packing=self.packing)
         return token_nll(logits, batch["input_ids"], self._mask(batch))
 
     def _train_group(self, group: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

@@ -18,7 +18,8 @@ The loop, as the hooks see it (docs/callbacks.md has the full order):
 
 Subclasses supply `_forward_backward` (one micro-batch; or `_train_group` for a whole optimizer
 step) and `_evaluate` (one eval pass); the skeleton owns counting, checkpoints, resume and hook
-firing, so every trainer gets them right.
+firing, so every trainer gets them right. Every step row also holds `perf/tokens_per_s` and
+`perf/padding_fraction` (`step_perf_metrics`), read from the batches' `*attention_mask` tensors.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -38,6 +40,7 @@ from torch.utils.data import DataLoader
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
 from olingo.dataset.sampler import ResumableSampler
+from olingo.models.packing import packed_shape
 from olingo.trainer.callbacks import Callback, LoopArtifacts, LoopState, ManifestRow, dispatch
 from olingo.trainer.checkpoint import CheckpointManager, load_trained, save_trained
 from olingo.trainer.loop import is_due, loop_scope, optimizer_step_groups
@@ -54,6 +57,37 @@ from olingo.trainer.loop_support import (
 from olingo.trainer.utils import optimizer_steps_per_epoch, rng_state, set_rng_state
 
 logger = logging.getLogger("olingo.trainer")
+
+PAIR_PREFIXES = ("chosen_", "rejected_")  # pair trainers (RM, DPO, ORPO) forward these rows as one batch
+
+
+def forward_masks(batch: dict[str, Any]) -> list[torch.Tensor]:
+    """The attention masks (B, L) of a micro-batch's forwards: every `*attention_mask` tensor runs
+    alone, except a chosen/rejected pair of one width, which runs concatenated (2B, L)."""
+    masks = {key.removesuffix("attention_mask"): value for key, value in batch.items()
+             if key.endswith("attention_mask") and isinstance(value, torch.Tensor)}
+    chosen, rejected = (masks.get(prefix) for prefix in PAIR_PREFIXES)
+    if chosen is None or rejected is None or chosen.shape[1:] != rejected.shape[1:]:
+        return list(masks.values())
+    rest = [mask for prefix, mask in masks.items() if prefix not in PAIR_PREFIXES]
+    return [torch.cat([chosen, rejected]), *rest]
+
+
+def step_perf_metrics(group: Sequence[dict[str, Any]], packing: bool, seconds: float) -> dict[str, float]:
+    """`perf/tokens_per_s`: attended tokens of one optimizer step's micro-batches over its wall
+    `seconds`; `perf/padding_fraction`: the share of the positions the forwards computed that
+    are padding (packed: the `packed_shape` rows x width; padded: B x L). Both per rank: no
+    collective for a diagnostic. Counted once per distinct input, however many models read it."""
+    tokens = positions = 0
+    for batch in group:
+        for mask in forward_masks(batch):
+            lengths = mask.sum(1).tolist()
+            tokens += sum(lengths)
+            positions += math.prod(packed_shape(lengths)) if packing else mask.numel()
+    return {
+        "perf/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "perf/padding_fraction": 1.0 - tokens / positions if positions else 0.0,
+    }
 
 
 class SLTrainer(ABC):
@@ -74,6 +108,8 @@ class SLTrainer(ABC):
         coordinator: DistCoordinator | None = None,
         callbacks: Sequence[Callback] = (),
         eval_interval: int = 0,
+        *,
+        packing: bool = True,
     ) -> None:
         if accumulation_steps < 1:
             raise ValueError("accumulation_steps must be >= 1")
@@ -92,6 +128,7 @@ class SLTrainer(ABC):
         self.coordinator = coordinator or plugin.coordinator
         self.callbacks: list[Callback] = list(callbacks)
         self.eval_interval = eval_interval
+        self.packing = packing  # padding-free forwards (olingo.models.packing); subclasses' forwards read it
         self.show_progress = True
         self.run_config: dict[str, Any] | None = None  # recorded by loggers when set
         self.tokenizer: Any = None  # saved beside the model in every checkpoint when set
@@ -154,7 +191,11 @@ class SLTrainer(ABC):
         self.model.train()
         batches = (self._to_device(batch) for batch in loader)
         for index, group in optimizer_step_groups(batches, self.accumulation_steps, self._batches_per_epoch(), start=consumed):
+            # Timed from a loaded group to its logged stats: `_optimizer_step` reads them back to
+            # the host, which waits for the device, so the time covers the step's real work.
+            started = time.perf_counter()
             metrics = self._optimizer_step(self._train_group(group))
+            metrics |= step_perf_metrics(group, self.packing, time.perf_counter() - started)
             self.state.extra["batches_consumed"] = index + 1
             self._after_step(group[-1], metrics)
             if self.state.stop_requested:

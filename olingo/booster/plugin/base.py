@@ -4,7 +4,7 @@ torch.distributed plugins, and `OptimizerWrapper`, the optimizer as trainers see
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,11 +137,13 @@ class Plugin:
         pin_memory: bool = False,
         even: bool = True,
         drop_last: bool = False,
+        lengths: Sequence[int] | None = None,
     ) -> DataLoader:
         """A DataLoader over this rank's shard with a `ResumableSampler`; `batch_size` is per rank.
 
         `drop_last` drops each epoch's short last batch (PPO's prompt loader: every rollout
-        batch then has the same size, so every episode takes the same number of steps)."""
+        batch then has the same size, so every episode takes the same number of steps).
+        `lengths` (one per row, `dataset_lengths`) groups micro-batches by row length."""
         sampler = ResumableSampler(
             len(dataset),  # type: ignore[arg-type]
             num_replicas=self.coordinator.world_size,
@@ -149,6 +151,8 @@ class Plugin:
             shuffle=shuffle,
             seed=seed,
             even=even,
+            lengths=lengths,
+            batch_size=batch_size,
         )
         return DataLoader(
             dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,

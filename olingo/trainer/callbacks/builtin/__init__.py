@@ -13,6 +13,7 @@
 | `performance`                      | `PerformanceEvaluator` | `perf.json`: generation vs learning time, throughput (PPO) |
 | `local_logger` | `LocalLogger` (in `olingo.experiment.local_logger`) | `evals.jsonl`, `predictions/`, `result.json`, `summary.md`; `<exp>/experiment.md` |
 | `debug_logger`                     | `DebugLogger`       | `hooks.jsonl`: every hook call in order               |
+| `reward_monitor`                   | `RewardMonitor`     | `monitor/*` rows in `metrics.jsonl`, `monitor.json`, `best_gold/` (docs/monitor.md) |
 
 Every module of this package is imported here so that importing the package registers all of
 them. `LocalLogger` writes the experiment layer's results, so it lives in that layer
@@ -31,6 +32,7 @@ from olingo.trainer.callbacks.builtin.early_stopping import EarlyStopping
 from olingo.trainer.callbacks.builtin.jsonl import JsonlMetrics, read_metrics
 from olingo.trainer.callbacks.builtin.performance import PerformanceEvaluator
 from olingo.trainer.callbacks.builtin.progress import PrintMetrics, ProgressBar
+from olingo.trainer.callbacks.builtin.reward_monitor import RewardMonitor
 from olingo.trainer.callbacks.builtin.samples import RolloutSamples
 from olingo.trainer.callbacks.builtin.tensorboard_logger import TensorBoardLogger
 from olingo.trainer.callbacks.builtin.wandb_logger import WandbLogger
@@ -48,6 +50,7 @@ __all__ = [
     "PerformanceEvaluator",
     "PrintMetrics",
     "ProgressBar",
+    "RewardMonitor",
     "RolloutSamples",
     "TensorBoardLogger",
     "WandbLogger",
