@@ -148,25 +148,18 @@ def packed_logits(
     last = last or length
     wanted = packed.source % length >= length - last
     source, target = packed.source[wanted], packed.target[wanted]
-    kwargs = {}
     if keeps_logits(model):
         keep = torch.zeros(packed.input_ids.numel(), dtype=torch.bool, device=target.device)
         keep[target] = True
-        kwargs["logits_to_keep"] = keep.view_as(packed.input_ids)
-    logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **kwargs).logits
-    # logits_to_keep as a boolean mask yields the kept positions flattened in row-major order,
-    # which is `target` sorted; without it, the full (R, C, V) is indexed by `target` directly.
-    flat = logits if kwargs else logits.flatten(0, 1)
-    if kwargs:
-        flat = flat.view(-1, flat.shape[-1])
-        rank = torch.empty_like(target)
-        rank[target.argsort()] = torch.arange(len(target), device=target.device)
-        flat = flat.index_select(0, rank)
+        logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, logits_to_keep=keep.view_as(packed.input_ids)).logits
+        # A boolean logits_to_keep yields the kept positions flattened in row-major order: `target` sorted.
+        order = target.argsort()
+        rows, source = logits.reshape(-1, logits.shape[-1]), source[order]
     else:
-        flat = flat.index_select(0, target)
-    b, t = source // length, source % length - (length - last)
-    out = flat.new_zeros(batch * last, flat.shape[-1])
-    return out.index_copy(0, b * last + t, flat).view(batch, last, flat.shape[-1])
+        logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).logits
+        rows = logits.flatten(0, 1).index_select(0, target)
+    destination = (source // length) * last + source % length - (length - last)
+    return rows.new_zeros(batch * last, rows.shape[-1]).index_copy(0, destination, rows).view(batch, last, rows.shape[-1])
 
 
 def lm_logits(
