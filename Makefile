@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO_ARGS ?=
 
-.PHONY: demo extras vllm real agents demo-real test lint bench clean
+.PHONY: demo extras vllm real agents gateway demo-real test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,13 @@ $(VENV)/.installed-agents: requirements-agents.txt $(VENV)/.installed-demo
 	$(BIN)/python -m pip install --quiet -r requirements-agents.txt
 	touch $@
 
-$(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed-extras $(VENV)/.installed-vllm $(VENV)/.installed-real $(VENV)/.installed-agents
+# The agent gateway (`agent:`: its server, the agents' client, the OpenAI Agents SDK), pinned; docs/agents.md.
+$(VENV)/.installed-gateway: requirements-gateway.txt $(VENV)/.installed-demo
+	$(BIN)/python -m pip install --quiet -r requirements-gateway.txt
+	touch $@
+
+$(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed-extras $(VENV)/.installed-vllm $(VENV)/.installed-real $(VENV)/.installed-agents \
+		$(VENV)/.installed-gateway
 	$(BIN)/python -m pip install --quiet -r requirements-test.txt
 	touch $@
 
@@ -52,6 +58,8 @@ vllm: $(VENV)/.installed-vllm
 real: $(VENV)/.installed-real
 
 agents: $(VENV)/.installed-agents
+
+gateway: $(VENV)/.installed-gateway
 
 demo: $(VENV)/.installed-demo
 	$(BIN)/olingo demo $(DEMO_ARGS)

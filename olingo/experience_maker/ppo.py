@@ -42,7 +42,10 @@ from olingo.experience_maker.scoring import (
     action_log_probs,
     action_values,
     add_source_reward,
+    fewest_over_ranks,
+    kept_rows,
     score_rollout,
+    select_rows,
     to_model_device,
 )
 from olingo.rewards.functions import CompositeReward
@@ -165,6 +168,8 @@ class PPOExperienceMaker(SourceBacked):
         """One batch of experience from left-padded prompts (B, P); see the module docstring."""
         settings = self.generation if not generate_kwargs else GenerationSettings.from_kwargs(**{**vars(self.generation), **generate_kwargs})
         scored = self.rollout_and_score(input_ids, attention_mask, gt_answers, settings, row_fields, messages=messages)
+        if scored.dropped is not None:  # a source whose episodes may fail: those rows go
+            scored = select_rows(scored, kept_rows(scored.dropped, 1, self._fewest_rows))
         if self.critic is None and self.estimator.needs_critic:
             raise ValueError(f"the advantage estimator '{self.config.advantage}' needs a critic, and this maker has none")
         rollout, cfg = scored.rollout, self.config
@@ -196,6 +201,10 @@ class PPOExperienceMaker(SourceBacked):
         self.last_samples = scored.samples()
         self.kl_ctl.update(*self._global_kl(experience.info["kl"], experience.batch_size))
         return experience
+
+    def _fewest_rows(self, kept: int, rows: int) -> int:
+        """The fewest rows any data-parallel rank keeps (each keeps the first so many of its own)."""
+        return fewest_over_ranks(kept, rows, self.all_reduce_sum, next(self.actor.parameters()).device)
 
     def _global_kl(self, kl: float, rows: int) -> tuple[float, int]:
         """The mean per-sequence KL over every rank's rows and their number: each rank then

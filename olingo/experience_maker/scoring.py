@@ -5,6 +5,7 @@ log-probs of the response tokens, the critic's values, decoded text and its rewa
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from olingo.engines import Rollout
+from olingo.errors import OlingoError
 from olingo.models.packing import lm_logits
 from olingo.models.reward_model import RewardModel
 from olingo.rewards.functions import CompositeReward
@@ -85,6 +87,8 @@ class ScoredRollout:
     """(B, A): the environment's step rewards at the turns they answered (`SampledBatch.turn_rewards`)."""
     teacher_log_probs: torch.Tensor | None = None
     """(B, A): log pi_teacher of the sampled tokens, with a distillation teacher (`model.teacher`)."""
+    dropped: torch.Tensor | None = None
+    """(B,) bool: rollouts the source marked failed (`SampledBatch.dropped`), or None."""
 
     def samples(self) -> list[dict[str, Any]]:
         """One JSON-ready dict per rollout: prompt, response, gt_answer, reward, truncated."""
@@ -154,9 +158,61 @@ def add_source_reward(scored: ScoredRollout, sampled: Any) -> ScoredRollout:
     if env_rewards is None:
         return dataclasses.replace(scored, source_info=info)
     env_rewards = env_rewards.to(scored.raw_score.device, scored.raw_score.dtype)
-    terms = {**scored.reward_terms, "environment": env_rewards}
-    turn_rewards = getattr(sampled, "turn_rewards", None)
-    return dataclasses.replace(scored, raw_score=scored.raw_score + env_rewards, reward_terms=terms, source_info=info, turn_rewards=turn_rewards)
+    terms = {**scored.reward_terms, getattr(sampled, "reward_term", "environment"): env_rewards}
+    turn_rewards, dropped = getattr(sampled, "turn_rewards", None), getattr(sampled, "dropped", None)
+    return dataclasses.replace(
+        scored, raw_score=scored.raw_score + env_rewards, reward_terms=terms, source_info=info, turn_rewards=turn_rewards, dropped=dropped,
+    )
+
+
+def select_rows(scored: ScoredRollout, rows: list[int]) -> ScoredRollout:
+    """The scored rollout of `rows` alone, every per-row field indexed alike (dropping failed
+    episodes); batch-level metrics are kept as they were measured."""
+    index = torch.tensor(rows, dtype=torch.long, device=scored.raw_score.device)
+    pick = lambda t: None if t is None else t.index_select(0, index.to(t.device))  # noqa: E731
+    r = scored.rollout
+    rollout = dataclasses.replace(
+        r, sequences=pick(r.sequences), attention_mask=pick(r.attention_mask), action_mask=pick(r.action_mask), truncated=pick(r.truncated),
+        log_probs=pick(r.log_probs), position_ids=pick(r.position_ids), finish_reasons=[r.finish_reasons[i] for i in rows] if r.finish_reasons else [],
+    )
+    return dataclasses.replace(
+        scored, rollout=rollout, log_probs=pick(scored.log_probs), ref_log_probs=pick(scored.ref_log_probs), raw_score=pick(scored.raw_score),
+        prompts=[scored.prompts[i] for i in rows], responses=[scored.responses[i] for i in rows], gt_answers=[scored.gt_answers[i] for i in rows],
+        reward_terms={name: pick(v) for name, v in scored.reward_terms.items()}, engine_log_probs=pick(scored.engine_log_probs),
+        turn_rewards=pick(scored.turn_rewards), teacher_log_probs=pick(scored.teacher_log_probs), dropped=pick(scored.dropped),
+    )
+
+
+def kept_rows(dropped: torch.Tensor, group_size: int, agree: Callable[[int, int], int]) -> list[int]:
+    """The rows of the groups (`group_size` consecutive rows) holding no dropped row, the first
+    `agree(kept groups, groups)` of them (the fewest any data-parallel rank keeps, so every rank
+    takes the same optimizer steps). A `RolloutFailure` where no group is left."""
+    clean = (~dropped.view(-1, group_size).any(-1)).nonzero().flatten().tolist()
+    groups = dropped.numel() // group_size
+    agreed = agree(len(clean), groups)
+    if agreed == 0:
+        raise RolloutFailure(
+            f"every group of this batch holds a failed episode ({int(dropped.sum())} of {dropped.numel()} failed; see rollout/agent_* "
+            "and the warnings above): nothing is left to train on"
+        )
+    return [g * group_size + j for g in clean[:agreed] for j in range(group_size)]
+
+
+def fewest_over_ranks(kept: int, target: int, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None, device: torch.device) -> int:
+    """The smallest `kept` (0..target) over the data-parallel ranks; `kept` itself in one process.
+
+    From sums alone: entry k of the summed vector [1, kept >= 1, ..., kept >= target] counts the
+    ranks holding at least k, and entry 0 counts the ranks; the minimum is the number of k at
+    which every rank is counted."""
+    if all_reduce_sum is None:
+        return kept
+    flags = torch.tensor([1.0] + [float(kept >= k) for k in range(1, target + 1)], device=device)
+    counts = all_reduce_sum(flags)
+    return int((counts[1:] == counts[0]).sum())
+
+
+class RolloutFailure(OlingoError, RuntimeError):
+    """A rollout that leaves nothing to train on."""
 
 
 def to_model_device(model: nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

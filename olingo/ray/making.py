@@ -55,7 +55,7 @@ def episode_source(
     split_rows: a template split goes on in a new segment of the row (the maker's forwards pack)."""
     if section is None:
         return None
-    return section.source(engine or HFEngine(actor, tokenizer), tokenizer, split_rows=split_rows)
+    return section.source(engine or HFEngine(actor, tokenizer, with_log_probs=getattr(section, "engine_log_probs", False)), tokenizer, split_rows=split_rows)
 
 
 def draws(batch: Collated, next_batch: Callable[[], Collated]) -> Callable[[], PromptBatch]:

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from olingo.config import ConfigError, StrictModel
 from olingo.experience_maker.group import GroupExperienceConfig
+from olingo.gateway.config import AgentSection
 from olingo.models.packing import PACKING_DESCRIPTION
 from olingo.ray.config import RayConfig
 from olingo.recipes.common import (
@@ -24,7 +25,7 @@ from olingo.recipes.common import (
     PluginConfig,
     RunConfig,
 )
-from olingo.recipes.online_config import EnvironmentConfig, GenerationSection, PromptDataConfig
+from olingo.recipes.online_config import EnvironmentConfig, GenerationSection, PromptDataConfig, check_one_source
 from olingo.recipes.rewards import RewardSource
 from olingo.trainer.grpo_learner import GRPOLossConfig
 from olingo.trainer.online_config import OnlineLoopConfig
@@ -90,6 +91,9 @@ class GRPOConfig(StrictModel):
     data: PromptDataConfig = Field(default_factory=PromptDataConfig, description="prompts")
     generation: GenerationSection = Field(default_factory=GenerationSection, description="rollout sampling")
     environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="multi-turn episodes with an environment or tools (docs/agents.md)")
+    agent: AgentSection = Field(
+        default_factory=AgentSection, description="an existing agent program trained through an OpenAI-compatible endpoint (docs/agents.md)",
+    )
     experience: GroupExperienceConfig = Field(
         default_factory=GroupExperienceConfig,
         description="groups, advantage estimator, KL, dynamic sampling, overlong punishment",
@@ -104,6 +108,7 @@ class GRPOConfig(StrictModel):
 
     @model_validator(mode="after")
     def _some_reward(self) -> GRPOConfig:
+        check_one_source(self.environment, self.agent)
         distilling = self.experience.distill_coef > 0
         if (self.model.teacher is not None) != distilling:
             raise ValueError("model.teacher and experience.distill_coef > 0 come together (on-policy distillation): set both or neither")
@@ -111,12 +116,12 @@ class GRPOConfig(StrictModel):
             if self.experience.dynamic_sampling:
                 raise ValueError("experience.dynamic_sampling drops groups of equal scores, and distillation without reward terms scores all equal")
             return self
-        self.reward.check_present(self.environment.name)
+        self.reward.check_present(self.environment.name or self.agent.function)
         return self
 
     def _has_reward_terms(self) -> bool:
         r = self.reward
-        return r.model is not None or bool(r.functions) or r.judge.enabled or self.environment.name is not None
+        return r.model is not None or bool(r.functions) or r.judge.enabled or self.environment.name is not None or self.agent.function is not None
 
 
 def check_grpo_config(cfg: GRPOConfig) -> None:

@@ -43,6 +43,7 @@ from olingo.recipes.common import (
     resolve_model_path,
 )
 from olingo.recipes.grpo_config import GRPOConfig, check_grpo_config
+from olingo.recipes.online_config import source_section
 from olingo.recipes.ray_run import RayAlgorithm, open_run, optimizer_steps, run_on_ray
 from olingo.recipes.rewards import RewardSource, load_reward
 from olingo.trainer.callbacks import Callback
@@ -166,7 +167,7 @@ def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict
     grpo = RayAlgorithm(
         "grpo", models, GroupMaking(
             cfg.experience, needs_old_log_probs=needs_old_log_probs(cfg), carry_engine_log_probs=cfg.loss.tis_cap is not None,
-            environment=cfg.environment if cfg.environment.name else None, packing=m.packing,
+            environment=source_section(cfg), packing=m.packing,
         ),
         trainer_models=GRPOModelsFn(
             models.actor, models.tokenizer, dtype=m.dtype, trust_remote_code=m.trust_remote_code, lora=m.lora,

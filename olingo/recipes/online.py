@@ -19,6 +19,7 @@ from olingo.recipes.common import (
     check_room_for_text,
     resolve_path,
 )
+from olingo.recipes.online_config import source_section
 from olingo.rewards.functions import reward_function
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.callbacks.builtin import PerformanceEvaluator
@@ -54,13 +55,15 @@ def rollouts(cfg: Any, setup: RunSetup, tokenizer: Any, stop_token_ids: list[int
 
 
 def environment_source(cfg: Any, engine: RolloutEngine | None, actor: Any, tokenizer: Any) -> Any:
-    """With an `environment:` named, the multi-turn source sampling through `engine` (default:
+    """With an `environment:` or an `agent:` named, its source sampling through `engine` (default:
     transformers `generate` on the policy); None for single-turn completions."""
-    if cfg.environment.name is None:
+    section = source_section(cfg)
+    if section is None:
         return None
-    return cfg.environment.source(
-        engine or HFEngine(actor, tokenizer), tokenizer, [*cfg.data.prompts, *cfg.data.eval_prompts],
-        split_rows=cfg.model.packing,  # a template split's segments need packed forwards
+    return section.source(
+        engine or HFEngine(actor, tokenizer, with_log_probs=getattr(section, "engine_log_probs", False)), tokenizer,
+        [*cfg.data.prompts, *cfg.data.eval_prompts],
+        split_rows=cfg.model.packing,  # a split's segments need packed forwards
     )
 
 

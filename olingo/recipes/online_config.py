@@ -130,6 +130,20 @@ class EnvironmentConfig(StrictModel):
         )
 
 
+def check_one_source(environment: EnvironmentConfig, agent: Any) -> None:
+    """An environment and an agent are two rollout sources: a run has one."""
+    if environment.name is not None and agent.function is not None:
+        raise ValueError("environment.name and agent.function both set: episodes come from an environment or from an agent program, not both")
+
+
+def source_section(cfg: Any) -> Any:
+    """The section that builds the run's rollout source (`agent:` or `environment:`), or None
+    for single-turn completions."""
+    if cfg.agent.function is not None:
+        return cfg.agent
+    return cfg.environment if cfg.environment.name is not None else None
+
+
 def check_row_environments(catalog: Any, sources: Sequence[str]) -> None:
     """A one-line error naming the file and row of the first prompt row whose `environment` field
     names no environment (with a did-you-mean). Unreadable rows are left for the data loading."""

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from olingo.config import StrictModel
 from olingo.experience_maker.config import ExperienceConfig, RewardShaping
+from olingo.gateway.config import AgentSection
 from olingo.models.packing import PACKING_DESCRIPTION
 from olingo.ray.config import RayConfig
 from olingo.recipes.common import (
@@ -24,7 +25,7 @@ from olingo.recipes.common import (
     PluginConfig,
     RunConfig,
 )
-from olingo.recipes.online_config import EnvironmentConfig, GenerationSection, PromptDataConfig
+from olingo.recipes.online_config import EnvironmentConfig, GenerationSection, PromptDataConfig, check_one_source
 from olingo.recipes.rewards import RewardSource
 from olingo.trainer.online_config import OnlineLoopConfig
 from olingo.trainer.ppo_learner import PPOLossConfig
@@ -71,6 +72,9 @@ class PPOConfig(StrictModel):
     data: PromptDataConfig = Field(default_factory=PromptDataConfig, description="prompts")
     generation: GenerationSection = Field(default_factory=GenerationSection, description="rollout sampling")
     environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig, description="multi-turn episodes with an environment or tools (docs/agents.md)")
+    agent: AgentSection = Field(
+        default_factory=AgentSection, description="an existing agent program trained through an OpenAI-compatible endpoint (docs/agents.md)",
+    )
     experience: ExperienceConfig = Field(default_factory=ExperienceConfig, description="KL penalty, advantages, whitening (the experience maker's settings)")
     loss: PPOLossConfig = Field(default_factory=PPOLossConfig, description="policy, value and ptx losses")
     loop: OnlineLoopConfig = Field(default_factory=OnlineLoopConfig, description="episodes, batch sizes, checkpoints, evaluation")
@@ -83,5 +87,6 @@ class PPOConfig(StrictModel):
 
     @model_validator(mode="after")
     def _some_reward(self) -> PPOConfig:
-        self.reward.check_present(self.environment.name)
+        check_one_source(self.environment, self.agent)
+        self.reward.check_present(self.environment.name or self.agent.function)
         return self

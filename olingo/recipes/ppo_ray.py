@@ -42,6 +42,7 @@ from olingo.recipes.common import (
     optimizer_and_schedule,
     resolve_model_path,
 )
+from olingo.recipes.online_config import source_section
 from olingo.recipes.ppo_config import PPOConfig
 
 # PromptLoaderFn and TokenizerFn are re-exported: docs/ray.md's example imports them from here
@@ -167,7 +168,7 @@ def run_ppo_ray(cfg: PPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
     ppo = RayAlgorithm(
         "ppo", models, PPOMaking(
             cfg.experience.kl_coef, cfg.experience, cfg.reward, carry_engine_log_probs=cfg.loss.tis_cap is not None,
-            environment=cfg.environment if cfg.environment.name else None, packing=m.packing,
+            environment=source_section(cfg), packing=m.packing,
         ),
         trainer_models=PPOModelsFn(
             models.actor, models.critic, models.tokenizer,

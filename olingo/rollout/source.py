@@ -76,6 +76,11 @@ class SampledBatch:
     answered, 0 elsewhere (rows sum to `env_rewards`); PPO places them there (docs/agents.md)."""
     info: dict[str, float] = dataclasses.field(default_factory=dict)
     """Metrics of the batch's episodes (`MultiTurnSource`: turns, ends, tokens, seconds); else empty."""
+    reward_term: str = "environment"
+    """The name `env_rewards` is logged under (rollout/reward/<name>)."""
+    dropped: torch.Tensor | None = None
+    """(N,) bool: episodes that failed (an agent that raised or timed out, `GatewaySource`); the
+    experience makers drop them, a group with any of them dropped whole. None: none failed."""
 
 
 class RolloutSource(Protocol):

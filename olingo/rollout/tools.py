@@ -198,10 +198,11 @@ def _json_type_name(value: Any) -> str:
 
 
 # ---- describing tools to the model ------------------------------------------------------------
-def render_tools_prompt(tools: Sequence[Callable]) -> str:
+def render_tools_prompt(tools: Sequence[Callable | dict]) -> str:
     """A system-message text that lists the tools' JSON schemas and the `<tool_call>` format,
-    for chat templates that do not render `tools=` themselves (the wording is Qwen2.5's)."""
-    schemas = "\n".join(json.dumps(tool_schema(fn)) for fn in tools)
+    for chat templates that do not render `tools=` themselves (the wording is Qwen2.5's).
+    A tool is a function or its schema already made (an OpenAI request's `tools` entry)."""
+    schemas = "\n".join(json.dumps(fn if isinstance(fn, dict) else tool_schema(fn)) for fn in tools)
     return (
         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
         f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{schemas}\n</tools>\n\n"
@@ -225,12 +226,12 @@ def template_supports_tools(tokenizer: Any) -> bool:
     return plain != with_tools
 
 
-def chat_with_tools(tokenizer: Any, messages: list[dict], tools: Sequence[Callable], **kwargs: Any) -> Any:
-    """`tokenizer.apply_chat_template(messages, ...)` with the tools described: through
-    `tools=` when the template renders them, else as `render_tools_prompt` in the system
-    message (appended to the conversation's own system message when it has one)."""
+def chat_with_tools(tokenizer: Any, messages: list[dict], tools: Sequence[Callable | dict], **kwargs: Any) -> Any:
+    """`tokenizer.apply_chat_template(messages, ...)` with the tools (functions or their schemas)
+    described: through `tools=` when the template renders them, else as `render_tools_prompt`
+    in the system message (appended to the conversation's own system message when it has one)."""
     if template_supports_tools(tokenizer):
-        return tokenizer.apply_chat_template(messages, tools=[tool_schema(fn) for fn in tools], **kwargs)
+        return tokenizer.apply_chat_template(messages, tools=[fn if isinstance(fn, dict) else tool_schema(fn) for fn in tools], **kwargs)
     prompt = render_tools_prompt(tools)
     if messages and messages[0].get("role") == "system":
         messages = [{**messages[0], "content": f"{messages[0]['content']}\n\n{prompt}"}, *messages[1:]]
