@@ -177,6 +177,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         run_agent_demo(args.output_dir, through=args.through)
         return 0
+    if args.pipeline == "distill":
+        if args.model != "tiny":
+            from olingo.errors import OlingoError
+
+            raise OlingoError("olingo demo --pipeline distill runs on the embedded tiny model only: drop --model smollm2")
+        from olingo.cli.demo_distill import run_distill_demo
+
+        run_distill_demo(args.output_dir, seed=args.seed)
+        return 0
     if args.model == "smollm2":
         from olingo.cli.demo_real import run_real_demo
 
