@@ -82,12 +82,15 @@ class Recorder:
         """Sampled tokens the request may add to the row within the episode's budget (None: not
         recorded, no budget applies). A `RequestError` (400) where nothing fits."""
         trace = state.trace
-        if not state.recording or (trace.prompt and not self.split_rows and not _extends(prompt_ids, trace.context())):
+        if not state.recording:
             return None
         if not trace.prompt:
             return self.max_episode_tokens
         context = trace.context()
-        growth = len(prompt_ids) - len(context) if _extends(prompt_ids, context) else len(prompt_ids)
+        extends = _extends(prompt_ids, context)
+        if not extends and not self.split_rows:
+            return None
+        growth = len(prompt_ids) - len(context) if extends else len(prompt_ids)
         room = self.max_episode_tokens - len(trace.tokens) - growth
         if room < 1:
             state.budget_refusals += 1
@@ -102,10 +105,11 @@ class Recorder:
         if not state.recording:
             state.untrained += 1
             return
-        if not trace.prompt:
+        context = trace.context() if trace.prompt else None
+        if context is None:
             trace.prompt = list(prompt_ids)
-        elif _extends(prompt_ids, trace.context()):
-            trace.add(prompt_ids[len(trace.context()):], sampled=False)
+        elif _extends(prompt_ids, context):
+            trace.add(prompt_ids[len(context):], sampled=False)
         elif self.split_rows:
             state.splits += 1
             trace.segments.append(len(trace.tokens))
@@ -147,7 +151,7 @@ def assemble(states: list[EpisodeState], prompts: PromptBatch, pad_token_id: int
         if state.failure is None and length:
             for request_id, reward in state.request_rewards.items():
                 turn_rewards[k, state.request_ends[request_id]] += reward
-            turn_rewards[k, max(i for i, s in enumerate(trace.sampled) if s) if any(trace.sampled) else length - 1] += state.reward
+            turn_rewards[k, max(state.request_ends.values(), default=length - 1)] += state.reward  # the last sampled token
     positions = segment_positions(prompt_mask, traces, width) if any(t.segments for t in traces) else None
     rollout = Rollout(
         sequences=torch.cat([prompt_ids, rows], dim=1).to(device), attention_mask=torch.cat([prompt_mask, real], dim=1).to(device),
