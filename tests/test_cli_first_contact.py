@@ -54,6 +54,13 @@ def test_every_shape_of_split_value_names_the_whole_override(overrides, quoted):
         load_config(config_class("sft"), packaged_config("sft_tiny.yaml"), overrides)
 
 
+def test_a_config_file_given_as_an_override_says_to_use_config(capsys):
+    code, _, err = run_cli("ppo my_run.yaml run.seed=1 --check", capsys)
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert line == "olingo: 'my_run.yaml' is a config file, not a KEY=VALUE override: olingo ppo --config my_run.yaml [KEY=VALUE ...]"
+
+
 def test_a_value_that_is_not_yaml_is_a_config_error_not_a_traceback():
     with pytest.raises(ConfigError, match=r"override 'run.name=a: b: c': the value is not valid YAML"):
         load_config(config_class("sft"), packaged_config("sft_tiny.yaml"), ["run.name=a: b: c"])

@@ -82,6 +82,13 @@ def test_deep_merge_merges_sections_and_dotted_keys():
     assert base["train"]["lr"] == 1
 
 
+def test_an_empty_mapping_replaces_the_base_section_rather_than_merging_nothing():
+    base = {"reward": {"functions": {"arithmetic_exact": 1.0}, "model": None}}
+    merged = deep_merge(base, {"reward": {"functions": {}, "model": "rm"}})
+    assert merged == {"reward": {"functions": {}, "model": "rm"}}  # the checker is no longer a term of the reward
+    assert deep_merge(base, {"reward": {}}) == {"reward": {}}
+
+
 def test_plan_names_seeds_groups_and_continual_chain(tmp_path, assets):
     cfg = load_config(ExperimentConfig, write_yaml(tmp_path / "e.yaml", """
 name: plan

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from olingo.config import dump_config, load_config, packaged_config, packaged_configs
+from olingo.config import ConfigError, dump_config, load_config, packaged_config, packaged_configs
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -52,6 +52,9 @@ def cmd_configs(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace):
     path = args.config or packaged_config(args.default_config)
+    for text in args.overrides:
+        if "=" not in text and text.endswith((".yaml", ".yml")):  # `olingo ppo my.yaml`: a file, not an override
+            raise ConfigError(f"'{text}' is a config file, not a KEY=VALUE override: olingo {args.command} --config {text} [KEY=VALUE ...]")
     return load_config(args.config_model, path, args.overrides)
 
 
@@ -177,14 +180,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         run_agent_demo(args.output_dir, through=args.through)
         return 0
-    if args.pipeline == "distill":
+    if args.pipeline in ("distill", "overopt"):
         if args.model != "tiny":
             from olingo.errors import OlingoError
 
-            raise OlingoError("olingo demo --pipeline distill runs on the embedded tiny model only: drop --model smollm2")
+            raise OlingoError(f"olingo demo --pipeline {args.pipeline} runs on the embedded tiny model only: drop --model smollm2")
         from olingo.cli.demo_distill import run_distill_demo
+        from olingo.cli.demo_overopt import run_overopt_demo
 
-        run_distill_demo(args.output_dir, seed=args.seed)
+        (run_distill_demo if args.pipeline == "distill" else run_overopt_demo)(args.output_dir, seed=args.seed)
         return 0
     if args.model == "smollm2":
         from olingo.cli.demo_real import run_real_demo

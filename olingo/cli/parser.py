@@ -255,11 +255,14 @@ def _demo_parser(sub: argparse._SubParsersAction) -> None:
     )
     demo.add_argument("--output-dir", default="runs", help="parent of the run directories (default: runs)")
     demo.add_argument(
-        "--pipeline", choices=["rl", "dpo", "distill", "agent"], default="rl",
+        "--pipeline", choices=["rl", "dpo", "distill", "overopt", "agent"], default="rl",
         help="rl (default): SFT -> reward model -> PPO, and SFT -> GRPO; dpo: SFT -> DPO (dpo_tiny.yaml) on the embedded "
         "preference pairs, with sampled/greedy accuracy and pair accuracies of the SFT and DPO models; distill: SFT -> GRPO (the "
         "teacher), then on-policy distillation of the teacher into the SFT model with no reward, with accuracy and KL to the "
-        "teacher of the SFT model, the distilled student and the teacher (docs/algorithms.md); agent (with --model "
+        "teacher of the SFT model, the distilled student and the teacher (docs/algorithms.md); overopt: SFT -> an under-trained "
+        "reward model, then the packaged experiment experiment_overopt.yaml (GRPO on that reward model at KL coefficients 0.001 and 3, "
+        "2 seeds each, watched by the reward monitor with the answer checker as held-out gold), with each arm's verdict, flag step, "
+        "proxy and gold (docs/monitor.md); agent (with --model "
         "smollm2 only): SmolLM2 learns to call a calculator tool on word problems with large numbers, SFT warm-up on "
         "synthetic tool-use conversations then multi-turn GRPO (sft_agent_smollm2.yaml, grpo_agent_smollm2.yaml), with "
         "accuracy, tool-use rate, valid-call rate and turns of the start, SFT and GRPO models (docs/agents.md)",

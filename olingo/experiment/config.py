@@ -163,12 +163,14 @@ def get_dotted(data: dict[str, Any], path: str, default: Any = None) -> Any:
 
 def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """`base` with `changes` laid over it: sections merge key by key, other values replace;
-    a dotted key ('train.lr') in `changes` addresses a nested field."""
+    a dotted key ('train.lr') in `changes` addresses a nested field. An empty mapping replaces
+    (`reward: {functions: {}}` clears the base's reward functions, as the override
+    `reward.functions={}` does): merged, it would change nothing, silently."""
     merged = copy.deepcopy(base)
     for key, value in changes.items():
         if "." in key:
             set_dotted(merged, key, copy.deepcopy(value))
-        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+        elif isinstance(value, dict) and value and isinstance(merged.get(key), dict):
             merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = copy.deepcopy(value)
