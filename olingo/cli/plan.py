@@ -32,7 +32,9 @@ count, taken with `torch.autograd.graph.saved_tensors_hooks`, is per token and l
     h hidden, i MLP width, kv = kv_heads x head_dim, n LoRA-adapted linear layers of rank r
 
 plus, once per token, 3h x act_bytes (final norm) and 4V (the fp32 logits the log-softmax keeps;
-reward models and critics have no vocabulary head). Gradient checkpointing keeps only each
+reward models and critics have no vocabulary head). PPO and GRPO take the response log-probs a
+chunk of logits at a time when the whole would exceed CHUNK_ELEMENTS (not under FSDP): then no
+4V per token, one chunk's logits instead (`chunk_bytes`), in learning and in scoring. Gradient checkpointing keeps only each
 layer's input (h) and recomputes one layer at a time during backward. docs/plan.md compares these
 numbers with measured peaks.
 """
@@ -153,12 +155,26 @@ def logits_bytes(shape: ModelShape, tokens: int, act_bytes: int) -> float:
     return tokens * shape.vocab * act_bytes
 
 
-def scoring_bytes(shape: ModelShape, rows: int, seq: int, actions: int, act_bytes: int) -> float:
+def head_chunks(shape: ModelShape, rows: int, actions: int, plugin) -> bool:
+    """Whether PPO/GRPO take the response log-probs of `rows` rows through the output head a chunk
+    at a time (`olingo.experience_maker.policy_token_stats`): their logits would exceed
+    CHUNK_ELEMENTS, and the head is whole outside the forward (not FSDP)."""
+    return plugin.name != "fsdp" and rows * actions * shape.vocab > CHUNK_ELEMENTS
+
+
+def chunk_bytes(act_bytes: int) -> float:
+    """One chunk of logits: CHUNK_ELEMENTS in the compute dtype, their fp32 copy and, in backward,
+    the fp32 gradient of the recomputed chunk."""
+    return CHUNK_ELEMENTS * (act_bytes + 4 + 4)
+
+
+def scoring_bytes(shape: ModelShape, rows: int, seq: int, actions: int, act_bytes: int, *, chunked: bool = False) -> float:
     """A forward without gradient that scores `rows` rollouts (old, reference log-probs): the
-    logits of the positions that predict the `actions` response tokens (`logits_to_keep`), and
-    one decoder layer's working set at a time."""
+    logits of the positions that predict the `actions` response tokens (`logits_to_keep`; one
+    chunk of them when `chunked`), and one decoder layer's working set at a time."""
     layer = (8 * shape.hidden + 4 * shape.intermediate + 2 * shape.kv_dim) * act_bytes
-    return logits_bytes(shape, rows * (actions + 1), act_bytes) + rows * seq * layer
+    logits = chunk_bytes(act_bytes) if chunked else logits_bytes(shape, rows * (actions + 1), act_bytes)
+    return logits + rows * seq * layer
 
 
 def entropy_bytes(shape: ModelShape, rows: int, actions: int) -> float:
@@ -279,9 +295,12 @@ def plan_ppo(cfg, world_size: int) -> Plan:  # cfg: PPOConfig
     park = parks_on_cpu(algo.offload_inference_models)
     frozen = frozen_rows(cfg, park=park)
     kv = actor.layers * 2 * actor.kv_dim * seq * algo.rollout_batch_size * prec.act
-    scoring = scoring_bytes(actor, algo.rollout_batch_size, seq, cfg.generation.max_new_tokens, prec.act)
+    actions = cfg.generation.max_new_tokens
+    scoring = scoring_bytes(actor, algo.rollout_batch_size, seq, actions, prec.act, chunked=head_chunks(actor, algo.rollout_batch_size, actions, cfg.plugin))
     tokens = algo.train_batch_size * seq
-    acts = [activation_bytes(s, tokens, prec.act, lm_head=head, checkpointing=m.gradient_checkpointing) for s, head in ((actor, True), (critic, False))]
+    chunked = head_chunks(actor, algo.train_batch_size, actions, cfg.plugin)
+    acts = [activation_bytes(actor, tokens, prec.act, lm_head=not chunked, checkpointing=m.gradient_checkpointing) + (chunk_bytes(prec.act) if chunked else 0),
+            activation_bytes(critic, tokens, prec.act, lm_head=False, checkpointing=m.gradient_checkpointing)]
     rows = [*trained, *frozen, Row("KV cache (generation)", kv, f"{algo.rollout_batch_size} rollouts x {seq} tokens"),
             Row("scoring forward", scoring, f"{algo.rollout_batch_size} rollouts x {seq} tokens, no gradient: response logits, one layer"),
             Row("activations (learning)", max(acts), f"{algo.train_batch_size} x {seq} tokens, actor and critic in turn")]
@@ -309,14 +328,17 @@ def plan_grpo(cfg, world_size: int) -> Plan:  # cfg: GRPOConfig
     rollouts = algo.rollout_batch_size * exp.num_generations
     per_call, scored = min(exp.inference_batch_size or rollouts, rollouts), min(exp.logits_forward_batch_size or rollouts, rollouts)
     kv = actor.layers * 2 * actor.kv_dim * seq * per_call * prec.act
-    scoring = scoring_bytes(actor, scored, seq, cfg.generation.max_new_tokens, prec.act)
+    actions = cfg.generation.max_new_tokens
+    scoring = scoring_bytes(actor, scored, seq, actions, prec.act, chunked=head_chunks(actor, scored, actions, cfg.plugin))
     tokens = algo.train_batch_size * seq
-    acts = activation_bytes(actor, tokens, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
-    after = logits_bytes(actor, tokens, prec.act) + entropy_bytes(actor, algo.train_batch_size, cfg.generation.max_new_tokens)
+    chunked = head_chunks(actor, algo.train_batch_size, actions, cfg.plugin)
+    acts = activation_bytes(actor, tokens, prec.act, lm_head=not chunked, checkpointing=m.gradient_checkpointing) + (chunk_bytes(prec.act) if chunked else 0)
+    # In chunks, the entropy is taken with the log-probs and no logits outlive backward.
+    after = 0.0 if chunked else logits_bytes(actor, tokens, prec.act) + entropy_bytes(actor, algo.train_batch_size, actions)
     rows = [*trained, *frozen, Row("KV cache (generation)", kv, f"{per_call} rollouts per generate call x {seq} tokens"),
             Row("scoring forward", scoring, f"{scored} rollouts per forward x {seq} tokens, no gradient: response logits, one layer"),
             Row("activations (learning)", acts, f"{algo.train_batch_size} x {seq} tokens" + (", checkpointed" if m.gradient_checkpointing else "")),
-            Row("logits + entropy", after, "kept after backward for the entropy metric")]
+            Row("logits + entropy", after, "none kept: log-probs and entropy one chunk of logits at a time" if chunked else "kept after backward for the entropy metric")]
     frozen_bytes = sum(r.nbytes for r in frozen)
     learning = learning_bytes(actor, prec, shards, offload, acts, after, cfg.actor_optim.implementation) + (0 if park else frozen_bytes)
     return Plan("grpo", rows, kept_bytes(trained) + max(frozen_bytes + max(kv, scoring), learning), world_size)

@@ -28,6 +28,7 @@ from olingo.experience_maker.scoring import (
     action_log_probs,
     action_values,
     policy_logits,
+    policy_token_stats,
 )
 
 NaiveExperienceMaker = PPOExperienceMaker  # ColossalChat's name for PPO's maker
@@ -53,5 +54,6 @@ __all__ = [
     "generate_rollout",
     "make_experience_batch",
     "policy_logits",
+    "policy_token_stats",
     "split_experience_batch",
 ]

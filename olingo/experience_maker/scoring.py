@@ -14,10 +14,11 @@ from torch import nn
 
 from olingo.engines import Rollout
 from olingo.errors import OlingoError
+from olingo.models.head import chunkable_head, head_bypassed
 from olingo.models.packing import lm_logits
 from olingo.models.reward_model import RewardModel
 from olingo.rewards.functions import CompositeReward
-from olingo.rl.logprobs import log_probs_from_logits
+from olingo.rl.logprobs import CHUNK_ELEMENTS, entropy_from_logits, head_token_stats, log_probs_from_logits
 
 
 def policy_logits(
@@ -42,9 +43,34 @@ def action_log_probs(
     model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0, *, packing: bool = False,
     position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """log pi(response token j | prefix): (B, A)."""
-    logits = policy_logits(model, sequences, attention_mask, num_actions, temperature, packing=packing, position_ids=position_ids)
-    return log_probs_from_logits(logits, sequences[:, -num_actions:])
+    """log pi(response token j | prefix): (B, A), as `policy_token_stats` computes it."""
+    return policy_token_stats(model, sequences, attention_mask, num_actions, temperature, packing=packing, position_ids=position_ids, entropy=False)[0]
+
+
+def policy_token_stats(
+    model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0, *, packing: bool = False,
+    position_ids: torch.Tensor | None = None, entropy: bool = True, chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log pi(response token j | prefix), the policy's entropy there, detached): (B, A) each,
+    at `temperature` (entropy None when not asked for).
+
+    When the response logits would exceed `chunk_elements` (B x A x V) and the model's head can be
+    taken apart (`olingo.models.head`), they never exist whole: the forward returns the head's
+    inputs and `head_token_stats` applies the head `chunk_elements // V` tokens at a time, in
+    backward too. Otherwise `policy_logits` as they are. Both agree up to float rounding.
+    """
+    labels = sequences[:, -num_actions:]
+    head = chunkable_head(model)
+    if head is None or labels.numel() * head.weight.shape[0] <= chunk_elements:
+        logits = policy_logits(model, sequences, attention_mask, num_actions, temperature, packing=packing, position_ids=position_ids)
+        return log_probs_from_logits(logits, labels), entropy_from_logits(logits.detach()) if entropy else None
+    with head_bypassed(model):
+        hidden = policy_logits(model, sequences, attention_mask, num_actions, packing=packing, position_ids=position_ids)
+    log_probs, entropies = head_token_stats(
+        hidden.flatten(0, 1), head.weight, head.bias, labels.flatten(), temperature=temperature, chunk=max(1, chunk_elements // head.weight.shape[0]),
+        entropy=entropy,
+    )
+    return log_probs.view_as(labels), entropies.view_as(labels) if entropies is not None else None
 
 
 def action_values(

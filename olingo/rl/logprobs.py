@@ -2,6 +2,8 @@
 
 logits are (B, L, V) from a causal LM, in any float dtype; results are float32. Large
 vocabularies are handled a chunk of rows at a time (`CHUNK_ELEMENTS`) to bound memory.
+`head_token_stats` never holds the logits whole: from the hidden states before the output head it
+computes log-probs and entropy a chunk of tokens at a time, in forward and in backward.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from olingo.rl.masked import masked_sum
 
@@ -62,6 +65,47 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
         return -(p * torch.where(p > 0, log_p, torch.zeros_like(log_p))).sum(dim=-1)
 
     return torch.cat([rows_entropy(rows) for rows in _row_chunks(logits)])
+
+
+def head_token_stats(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, *, temperature: float = 1.0, chunk: int = 1024,
+    entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(h W^T + b) / T at each label, and the entropy there, `chunk` tokens at a time.
+
+    hidden: (N, H), the output head's input (after the final norm); weight: (V, H) and bias: (V,)
+    or None, the head's; labels: (N,) long. Returns (log_probs (N,), entropy (N,)), float32, equal
+    to `log_probs_from_logits` and `entropy_from_logits` of `F.linear(hidden, weight, bias) / T`
+    up to float rounding. At most one chunk's (chunk, V) logits exist at once: each chunk runs under
+    activation checkpointing, so backward recomputes its logits instead of keeping them (the
+    approach of Liger-Kernel's fused linear cross-entropy, without its fused kernel). The entropy
+    is a statistic: it carries no gradient (None when `entropy` is false).
+    """
+    pieces = [
+        checkpoint(_chunk_stats, h, weight, bias, y, temperature, entropy, use_reentrant=False) if torch.is_grad_enabled()
+        else _chunk_stats(h, weight, bias, y, temperature, entropy)
+        for h, y in zip(hidden.split(chunk), labels.split(chunk), strict=True)
+    ]
+    log_probs = torch.cat([p[0] for p in pieces]) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+    if not entropy:
+        return log_probs, None
+    return log_probs, torch.cat([p[1] for p in pieces]) if pieces else torch.zeros_like(log_probs)
+
+
+def _chunk_stats(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, temperature: float, entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = F.linear(hidden, weight, bias)
+    logits = (logits / temperature if temperature != 1.0 else logits).float()
+    normaliser = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - normaliser
+    if not entropy:
+        return picked, picked.new_zeros(0)
+    with torch.no_grad():
+        log_p = logits - normaliser.unsqueeze(-1)
+        p = log_p.exp()
+        entropies = -(p * torch.where(p > 0, log_p, torch.zeros_like(log_p))).sum(dim=-1)
+    return picked, entropies
 
 
 def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,11 +23,11 @@ from pydantic import Field, model_validator
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.config import StrictModel
 from olingo.engines import GenerationSettings
-from olingo.experience_maker import Experience, policy_logits
+from olingo.experience_maker import Experience, policy_token_stats
 from olingo.experience_maker.group import GroupExperienceConfig
 from olingo.models.packing import lm_logits
 from olingo.rl.kl import KLEstimator
-from olingo.rl.logprobs import GPTLMLoss, entropy_from_logits, log_probs_from_logits
+from olingo.rl.logprobs import GPTLMLoss
 from olingo.rl.masked import masked_mean
 from olingo.rl.policy_loss import GroupPolicyLoss, LossAggregation, ObjectiveParams, PolicyObjective, loss_units
 from olingo.trainer.learner import StepShare, TrainedModel, tis_weights
@@ -155,10 +155,9 @@ class GRPOLearner(TrainedModel):
         if experience.advantages is None:
             raise ValueError("experience without advantages: pass it through the maker's finish() first")
         mask, num_actions = experience.action_mask, experience.num_actions
-        logits = policy_logits(
+        log_probs, entropy = policy_token_stats(
             self.model, experience.sequences, experience.attention_mask, num_actions, temperature, packing=self.packing, position_ids=experience.position_ids,
         )
-        log_probs = log_probs_from_logits(logits, experience.sequences[:, -num_actions:])
         tis = tis_weights(experience, log_probs, self.loss.tis_cap)
         policy_loss, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask, units, experience.base_action_log_probs, tis)
         world = self.booster.plugin.coordinator.world_size
@@ -169,7 +168,7 @@ class GRPOLearner(TrainedModel):
             loss = (1 - self.ptx_coef) * loss + self.ptx_coef * ptx_loss / micro_batches
         self.backward(loss)
         stats["ptx_loss"] = ptx_loss.detach()
-        stats["entropy"] = masked_mean(entropy_from_logits(logits.detach()), mask)
+        stats["entropy"] = masked_mean(entropy, mask)
         return stats
 
     def ptx_loss(self, batch: dict[str, Any]) -> torch.Tensor:

@@ -20,9 +20,9 @@ from pydantic import Field
 
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.config import StrictModel
-from olingo.experience_maker import Experience, action_values, policy_logits
+from olingo.experience_maker import Experience, action_values, policy_token_stats
 from olingo.models.packing import lm_logits
-from olingo.rl.logprobs import GPTLMLoss, entropy_from_logits, log_probs_from_logits
+from olingo.rl.logprobs import GPTLMLoss
 from olingo.rl.masked import explained_variance, masked_mean
 from olingo.rl.policy_loss import PolicyLoss, ValueLoss
 from olingo.trainer.learner import StepShare, TrainedModel, tis_weights
@@ -60,10 +60,9 @@ class PolicyLearner(TrainedModel):
         """(actor loss, skip, detached stats) of one minibatch; `temperature` is the one the
         rollout sampled at, so the ratio compares the distributions the old log-probs came from."""
         mask, num_actions = experience.action_mask, experience.num_actions
-        logits = policy_logits(
+        log_probs, entropy = policy_token_stats(
             self.model, experience.sequences, experience.attention_mask, num_actions, temperature, packing=self.packing, position_ids=experience.position_ids,
         )
-        log_probs = log_probs_from_logits(logits, experience.sequences[:, -num_actions:])
         tis = tis_weights(experience, log_probs, self.tis_cap)
         policy_loss, skip, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask, tis)
         loss, ptx_loss = policy_loss, torch.zeros((), device=self.booster.device)
@@ -73,7 +72,7 @@ class PolicyLearner(TrainedModel):
         stats = {
             "policy_loss": policy_loss.detach(), "ptx_loss": ptx_loss.detach(),
             "clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"], "ratio_max": stats["ratio_max"],
-            "entropy": masked_mean(entropy_from_logits(logits.detach()), mask),
+            "entropy": masked_mean(entropy, mask),
             **({"tis_weight_mean": stats["tis_weight_mean"]} if tis is not None else {}),
         }
         return loss, skip, stats
