@@ -338,7 +338,8 @@ def plan_grpo(cfg, world_size: int) -> Plan:  # cfg: GRPOConfig
     rows = [*trained, *frozen, Row("KV cache (generation)", kv, f"{per_call} rollouts per generate call x {seq} tokens"),
             Row("scoring forward", scoring, f"{scored} rollouts per forward x {seq} tokens, no gradient: response logits, one layer"),
             Row("activations (learning)", acts, f"{algo.train_batch_size} x {seq} tokens" + (", checkpointed" if m.gradient_checkpointing else "")),
-            Row("logits + entropy", after, "none kept: log-probs and entropy one chunk of logits at a time" if chunked else "kept after backward for the entropy metric")]
+            Row("logits + entropy", after,
+                "none kept: log-probs and entropy one chunk of logits at a time" if chunked else "kept after backward for the entropy metric")]
     frozen_bytes = sum(r.nbytes for r in frozen)
     learning = learning_bytes(actor, prec, shards, offload, acts, after, cfg.actor_optim.implementation) + (0 if park else frozen_bytes)
     return Plan("grpo", rows, kept_bytes(trained) + max(frozen_bytes + max(kv, scoring), learning), world_size)

@@ -56,7 +56,8 @@ def chunkable_head(model: nn.Module) -> nn.Module | None:
     and attention implementation), else None: whole logits for this model."""
     head = output_head(model)
     inner = getattr(model, "module", model)
-    if head is None or getattr(getattr(inner, "config", None), "final_logit_softcapping", None) or any(type(p).__name__ == "DTensor" for p in model.parameters()):
+    softcapped = getattr(getattr(inner, "config", None), "final_logit_softcapping", None)
+    if head is None or softcapped or any(type(p).__name__ == "DTensor" for p in model.parameters()):
         return None
     key = (type(inner), getattr(getattr(inner, "config", None), "_attn_implementation", None))
     if key not in _PROBED:
