@@ -10,7 +10,7 @@ hidden 64, 2 layers, tied embeddings, fp32; the batch is `--rows` rows of 32 pro
 response tokens. The measured call is `olingo.experience_maker.policy_token_stats` (the learners'
 forward: log-probs and entropy of the response tokens) followed by backward of the log-probs' sum:
 `whole` with chunking off (chunk_elements above the logits' size), `chunked` with the default
-(CHUNK_ELEMENTS = 2^24 logits per chunk). Peak = the process's peak RSS (`ru_maxrss`) minus its RSS
+(chunked above CHUNK_ELEMENTS = 2^24 logits, 2^22 per chunk). Peak = the process's peak RSS (`ru_maxrss`) minus its RSS
 just before the call (model built, one warm-up call of the same mode done). Also checks that
 the two modes' log-probs agree within 1e-5 and writes bench/results/chunked_logprobs.{jsonl,md}.
 """

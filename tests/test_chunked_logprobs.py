@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from olingo.experience_maker import policy_token_stats
+from olingo.experience_maker import lm_nll, policy_token_stats, scoring
 from olingo.models.head import chunkable_head, head_bypassed
 from olingo.rl.logprobs import entropy_from_logits, head_token_stats, log_probs_from_logits
+from olingo.trainer.preference import response_logps
 from tests.test_packing import CONFIG, uneven_batch
 
 
@@ -60,7 +61,7 @@ def test_policy_token_stats_in_chunks_equal_whole_logits_for_a_causal_lm(packing
     ids, mask = uneven_batch([9, 5, 6, 7], 10)
     mask[:, -4:] = 1  # every row ends in 4 response tokens
     runs = []
-    for chunk_elements in (10**9, 3 * CONFIG["vocab_size"]):  # whole; then 3 tokens per chunk
+    for chunk_elements in (10**9, 12 * CONFIG["vocab_size"]):  # whole; then 3 tokens per chunk (a quarter of the threshold)
         model.zero_grad()
         log_probs, entropy = policy_token_stats(model, ids, mask, 4, 0.7, packing=packing, chunk_elements=chunk_elements)
         (log_probs * torch.arange(1.0, 5.0)).sum().backward()
@@ -69,6 +70,32 @@ def test_policy_token_stats_in_chunks_equal_whole_logits_for_a_causal_lm(packing
     assert close(chunk_lp, whole_lp) and close(chunk_ent, whole_ent)
     for name, grad in whole_grads.items():
         assert close(chunk_grads[name], grad), name
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_sft_nll_and_dpo_sequence_log_probs_in_chunks_equal_whole_logits(packing: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SFT's loss (`lm_nll`, also PPO/GRPO's ptx term) and the DPO family's log pi(y|x)
+    (`response_logps`) when `CHUNK_ELEMENTS` is lowered to 12 tokens' logits (chunks of 3): the same sums, counts
+    and gradients as whole logits, with a loss mask that starts mid-row."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG))
+    ids, mask = uneven_batch([9, 5, 6, 7], 10)
+    loss_mask = mask.clone()
+    loss_mask[:, :6] = 0  # context: only the last tokens are scored (left-padded rows keep more)
+    runs = []
+    for chunk_elements in (None, 12 * CONFIG["vocab_size"]):
+        if chunk_elements:
+            monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", chunk_elements)
+        model.zero_grad()
+        total, count = lm_nll(model, ids, mask, loss_mask, packing=packing)
+        logps = response_logps(model, ids, mask, loss_mask, packing=packing)
+        (total + (logps.sums * torch.arange(1.0, 5.0)).sum()).backward()
+        runs.append((total.detach(), count, logps.sums.detach(), logps.counts, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    whole, chunked = runs
+    assert torch.equal(chunked[1], whole[1]) and torch.equal(chunked[3], whole[3])  # token counts: the same masks
+    assert close(chunked[0], whole[0]) and close(chunked[2], whole[2])
+    for name, grad in whole[4].items():
+        assert close(chunked[4][name], grad), name
 
 
 def test_the_bypassed_head_returns_hidden_states_and_is_restored() -> None:

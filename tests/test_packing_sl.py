@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from olingo.config import load_config
 from olingo.recipes.rm import RMConfig, run_rm
 from olingo.recipes.sft import SFTConfig, run_sft
+from olingo.rl.logprobs import head_token_stats as HEAD_TOKEN_STATS
 from olingo.trainer.supervised import step_perf_metrics
 from tests.conftest import read_jsonl
 
@@ -111,3 +112,24 @@ def test_rm_packed_trains_as_padded(tmp_path, assets):
     packed, padded = run_rm(cfg("packed", True)), run_rm(cfg("padded", False))
     assert_same_training(packed, padded, ("train/loss", "train/reward_chosen", "train/reward_rejected"))
     assert train_rows(packed)[0]["perf/padding_fraction"] < train_rows(padded)[0]["perf/padding_fraction"]
+
+
+def test_sft_with_chunked_logits_trains_as_with_whole_logits(tmp_path, assets, monkeypatch):
+    """`CHUNK_ELEMENTS` lowered so that every micro-batch's logits go through the head in chunks
+    (docs/packing.md, "Logits that never exist whole"): the same 3 optimizer steps as whole logits,
+    weights and losses within 1e-5 (float rounding, as packed vs padded above)."""
+    from olingo.experience_maker import scoring
+
+    data = uneven_rows(assets.sft_train, tmp_path, "sft18.jsonl", {"completion": " ok"})
+    def cfg(name: str) -> SFTConfig:
+        args = [f"run.output_dir={tmp_path}", f"run.name={name}", f"data.train=[{data}]", "data.eval=[]", *COMMON]
+        return load_config(SFTConfig, CONFIGS / "sft_tiny.yaml", args)
+
+    whole = run_sft(cfg("whole"))
+    calls = []
+    vocab = 104  # the tiny model's: above 16 tokens a micro-batch's logits are taken 4 tokens at a time
+    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 16 * vocab)
+    monkeypatch.setattr(scoring, "head_token_stats", lambda *a, **k: calls.append(k["chunk"]) or HEAD_TOKEN_STATS(*a, **k))
+    chunked = run_sft(cfg("chunked"))
+    assert len(calls) == 6 and set(calls) == {4}  # 3 steps x 2 micro-batches, every one chunked
+    assert_same_training(whole, chunked, ("train/loss",))

@@ -104,21 +104,27 @@ def test_grpo_plan_has_no_critic_a_reference_only_with_kl_and_the_kv_cache_of_on
     assert with_kl["reference weights"] == rows["actor weights"]
 
 
-def test_grpo_plan_counts_one_chunk_of_logits_for_a_large_vocabulary(tmp_path):
-    """A 262k vocabulary: 8 rows x 128 response tokens would be 2^28 logits; the plan counts one
-    chunk of 2^24 in learning and scoring and none kept after backward, except under FSDP."""
+def test_plan_counts_one_chunk_of_logits_for_a_large_vocabulary(tmp_path):
+    """A 262k vocabulary: 8 rows x 128 tokens would be 2^28 logits; the plan counts one chunk of
+    2^24 in learning and scoring (GRPO: none kept after backward; SFT likewise), except under FSDP."""
     from olingo.cli.plan import chunk_bytes, plan_grpo
     from olingo.recipes.grpo_config import GRPOConfig
-    from olingo.rl.logprobs import CHUNK_ELEMENTS
+    from olingo.rl.logprobs import CHUNK_ELEMENTS, HEAD_CHUNK_SHARE
 
     LlamaConfig(vocab_size=262144, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2).save_pretrained(tmp_path)
     args = [f"model.actor={tmp_path}", "data.max_prompt_length=32", "generation.max_new_tokens=128", "loop.rollout_batch_size=1",
             "experience.num_generations=8", "loop.train_batch_size=8"]
     rows = {r.component: r for r in plan_grpo(load_config(GRPOConfig, None, args), world_size=1).rows}
     assert rows["logits + entropy"].nbytes == 0 and "none kept" in rows["logits + entropy"].note
-    assert chunk_bytes(4) == CHUNK_ELEMENTS * 12 <= rows["scoring forward"].nbytes < 2 * chunk_bytes(4)  # one chunk + one layer, not 1 GiB
+    assert chunk_bytes(4) == CHUNK_ELEMENTS // HEAD_CHUNK_SHARE * 16 <= rows["scoring forward"].nbytes < 4 * chunk_bytes(4)  # a chunk + a layer, not 1 GiB
     sharded = {r.component: r for r in plan_grpo(load_config(GRPOConfig, None, [*args, "plugin.name=fsdp"]), world_size=2).rows}
     assert sharded["logits + entropy"].nbytes > 8 * 128 * 262144 * 4  # whole logits kept for the entropy
+    sft_args = [f"model.path={tmp_path}", "train.batch_size=8", "data.max_length=128"]
+    chunked, whole = (
+        next(r for r in plan_sft(load_config(SFTConfig, None, [*sft_args, *extra]), world_size=2).rows if r.component == "activations")
+        for extra in ([], ["plugin.name=fsdp"])
+    )
+    assert "one chunk" in chunked.note and whole.nbytes - chunked.nbytes == 8 * 128 * 262144 * 4 - chunk_bytes(4)  # SFT: 4V per token -> a chunk
 
 
 def test_stage_is_detected_from_the_config_file(tmp_path):

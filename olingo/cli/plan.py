@@ -32,9 +32,9 @@ count, taken with `torch.autograd.graph.saved_tensors_hooks`, is per token and l
     h hidden, i MLP width, kv = kv_heads x head_dim, n LoRA-adapted linear layers of rank r
 
 plus, once per token, 3h x act_bytes (final norm) and 4V (the fp32 logits the log-softmax keeps;
-reward models and critics have no vocabulary head). PPO and GRPO take the response log-probs a
-chunk of logits at a time when the whole would exceed CHUNK_ELEMENTS (not under FSDP): then no
-4V per token, one chunk's logits instead (`chunk_bytes`), in learning and in scoring. Gradient checkpointing keeps only each
+reward models and critics have no vocabulary head). Log-probs go through the head a chunk of
+logits at a time when the whole would exceed CHUNK_ELEMENTS (not under FSDP): then no 4V per
+token, one chunk's logits instead (`chunk_bytes`), in learning and in scoring. Gradient checkpointing keeps only each
 layer's input (h) and recomputes one layer at a time during backward. docs/plan.md compares these
 numbers with measured peaks.
 """
@@ -58,7 +58,7 @@ from olingo.recipes.grpo_config import GRPOConfig
 from olingo.recipes.ppo import PPOConfig
 from olingo.recipes.rm import RMConfig
 from olingo.recipes.sft import SFTConfig
-from olingo.rl.logprobs import CHUNK_ELEMENTS
+from olingo.rl.logprobs import CHUNK_ELEMENTS, HEAD_CHUNK_SHARE
 
 STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "dpo": DPOConfig, "orpo": ORPOConfig, "kto": KTOConfig}
 
@@ -155,17 +155,18 @@ def logits_bytes(shape: ModelShape, tokens: int, act_bytes: int) -> float:
     return tokens * shape.vocab * act_bytes
 
 
-def head_chunks(shape: ModelShape, rows: int, actions: int, plugin) -> bool:
-    """Whether PPO/GRPO take the response log-probs of `rows` rows through the output head a chunk
-    at a time (`olingo.experience_maker.policy_token_stats`): their logits would exceed
+def head_chunks(shape: ModelShape, rows: int, positions: int, plugin) -> bool:
+    """Whether the log-probs of `rows` rows x `positions` positions go through the output head a
+    chunk at a time (`olingo.experience_maker.chunked_head`): their logits would exceed
     CHUNK_ELEMENTS, and the head is whole outside the forward (not FSDP)."""
-    return plugin.name != "fsdp" and rows * actions * shape.vocab > CHUNK_ELEMENTS
+    return plugin.name != "fsdp" and rows * positions * shape.vocab > CHUNK_ELEMENTS
 
 
 def chunk_bytes(act_bytes: int) -> float:
-    """One chunk of logits: CHUNK_ELEMENTS in the compute dtype, their fp32 copy and, in backward,
-    the fp32 gradient of the recomputed chunk."""
-    return CHUNK_ELEMENTS * (act_bytes + 4 + 4)
+    """One chunk of logits (CHUNK_ELEMENTS / HEAD_CHUNK_SHARE of them) in the compute dtype, and
+    three fp32 tensors of its size: the float copy, the exp of the log-sum-exp and, in backward,
+    the gradient of the recomputed chunk."""
+    return CHUNK_ELEMENTS // HEAD_CHUNK_SHARE * (act_bytes + 3 * 4)
 
 
 def scoring_bytes(shape: ModelShape, rows: int, seq: int, actions: int, act_bytes: int, *, chunked: bool = False) -> float:
@@ -263,8 +264,10 @@ def plan_sft(cfg, world_size: int) -> Plan:  # cfg: SFTConfig
     prec, shards, offload = precision(m.dtype, cfg.plugin), shards_of(cfg.plugin, world_size), cpu_offload(cfg.plugin)
     tokens = cfg.train.batch_size * cfg.data.max_length
     trained = trained_rows("model", shape, prec, shards, offload, cfg.train.implementation)
-    acts = activation_bytes(shape, tokens, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
+    chunked = head_chunks(shape, cfg.train.batch_size, cfg.data.max_length, cfg.plugin)
+    acts = activation_bytes(shape, tokens, prec.act, lm_head=not chunked, checkpointing=m.gradient_checkpointing) + (chunk_bytes(prec.act) if chunked else 0)
     activations = f"{cfg.train.batch_size} x {cfg.data.max_length} tokens" + (", checkpointed" if m.gradient_checkpointing else "")
+    activations += ", logits one chunk at a time" if chunked else ""
     rows = [*trained, Row("activations", acts, activations)]
     return Plan("sft", rows, kept_bytes(trained) + learning_bytes(shape, prec, shards, offload, acts, kernel=cfg.train.implementation), world_size)
 
@@ -358,13 +361,15 @@ def plan_offline(cfg, world_size: int) -> Plan:  # cfg: DPOConfig, ORPOConfig or
     needs_reference = kind == "kto" or (kind == "dpo" and settings.loss_type != "simpo")
     separate = needs_reference and (m.reference or not m.lora.enabled)
     trained = trained_rows("policy", policy, prec, shards, offload, cfg.train.implementation)
-    acts = activation_bytes(policy, rows_per_step * cfg.data.max_length, prec.act, lm_head=True, checkpointing=m.gradient_checkpointing)
+    chunked = head_chunks(policy, rows_per_step, cfg.data.max_length, cfg.plugin)
+    acts = activation_bytes(policy, rows_per_step * cfg.data.max_length, prec.act, lm_head=not chunked, checkpointing=m.gradient_checkpointing)
+    acts += chunk_bytes(prec.act) if chunked else 0
     side = "" if kind == "kto" else " (chosen + rejected)"
-    rows = [*trained, Row("activations", acts, f"{rows_per_step} x {cfg.data.max_length} tokens{side}")]
+    rows = [*trained, Row("activations", acts, f"{rows_per_step} x {cfg.data.max_length} tokens{side}" + (", logits one chunk at a time" if chunked else ""))]
     # A live reference (or the policy with adapters disabled) scores each batch before the policy's forward.
     live = needs_reference and not (separate and settings.precompute_ref_log_probs)
     # Every position may hold response tokens.
-    scoring = scoring_bytes(policy, rows_per_step, cfg.data.max_length, cfg.data.max_length - 1, prec.act) if live else 0.0
+    scoring = scoring_bytes(policy, rows_per_step, cfg.data.max_length, cfg.data.max_length - 1, prec.act, chunked=chunked) if live else 0.0
     learning = max(learning_bytes(policy, prec, shards, offload, acts, kernel=cfg.train.implementation), scoring)
     reference = 0
     if separate:

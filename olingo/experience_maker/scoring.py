@@ -14,11 +14,12 @@ from torch import nn
 
 from olingo.engines import Rollout
 from olingo.errors import OlingoError
-from olingo.models.head import chunkable_head, head_bypassed
+from olingo.models.head import chunkable_head, head_bypassed, output_head
 from olingo.models.packing import lm_logits
 from olingo.models.reward_model import RewardModel
 from olingo.rewards.functions import CompositeReward
-from olingo.rl.logprobs import CHUNK_ELEMENTS, entropy_from_logits, head_token_stats, log_probs_from_logits
+from olingo.rl.logprobs import CHUNK_ELEMENTS, HEAD_CHUNK_SHARE, entropy_from_logits, head_token_stats, log_probs_from_logits, token_nll
+from olingo.rl.masked import masked_sum
 
 
 def policy_logits(
@@ -49,28 +50,72 @@ def action_log_probs(
 
 def policy_token_stats(
     model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, temperature: float = 1.0, *, packing: bool = False,
-    position_ids: torch.Tensor | None = None, entropy: bool = True, chunk_elements: int = CHUNK_ELEMENTS,
+    position_ids: torch.Tensor | None = None, entropy: bool = True, chunk_elements: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log pi(response token j | prefix), the policy's entropy there, detached): (B, A) each,
     at `temperature` (entropy None when not asked for).
 
     When the response logits would exceed `chunk_elements` (B x A x V) and the model's head can be
-    taken apart (`olingo.models.head`), they never exist whole: the forward returns the head's
-    inputs and `head_token_stats` applies the head `chunk_elements // V` tokens at a time, in
-    backward too. Otherwise `policy_logits` as they are. Both agree up to float rounding.
+    taken apart (`chunked_head`), they never exist whole (`head_log_probs`). Otherwise
+    `policy_logits` as they are. Both agree up to float rounding.
     """
     labels = sequences[:, -num_actions:]
-    head = chunkable_head(model)
-    if head is None or labels.numel() * head.weight.shape[0] <= chunk_elements:
+    head = chunked_head(model, labels.numel(), chunk_elements)
+    if head is None:
         logits = policy_logits(model, sequences, attention_mask, num_actions, temperature, packing=packing, position_ids=position_ids)
         return log_probs_from_logits(logits, labels), entropy_from_logits(logits.detach()) if entropy else None
+    return head_log_probs(
+        model, head, sequences, attention_mask, num_actions + 1, temperature, packing=packing, position_ids=position_ids, entropy=entropy,
+        chunk_elements=chunk_elements,
+    )
+
+
+def chunked_head(model: nn.Module, tokens: int, chunk_elements: int | None = None) -> nn.Module | None:
+    """The model's output head when the logits of `tokens` positions would exceed `chunk_elements`
+    (None: `CHUNK_ELEMENTS`, 2^24) and the head can be taken apart (`olingo.models.head.chunkable_head`);
+    None: whole logits."""
+    head = output_head(model)
+    if head is None or tokens * head.weight.shape[0] <= (chunk_elements or CHUNK_ELEMENTS):
+        return None
+    return chunkable_head(model)
+
+
+def head_log_probs(
+    model: nn.Module, head: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int, temperature: float = 1.0, *,
+    packing: bool = False, position_ids: torch.Tensor | None = None, entropy: bool = False, chunk_elements: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(token t+1 | tokens <= t) for the last `keep` positions' predictions, without the
+    logits ever existing whole: (B, keep - 1) log-probs (and entropies, detached, with `entropy`).
+
+    input_ids, attention_mask: (B, L); position t of the kept window predicts token t+1, so the
+    labels are input_ids[:, L - keep + 1:]. The forward runs with `head` bypassed (its output is
+    the head's input, `olingo.models.head`) and `head_token_stats` applies the head
+    `chunk_elements / HEAD_CHUNK_SHARE / V` tokens at a time, in backward too (`chunk_elements`, the
+    threshold: None for `CHUNK_ELEMENTS`); `position_ids`, `packing` as for `lm_logits`.
+    """
     with head_bypassed(model):
-        hidden = policy_logits(model, sequences, attention_mask, num_actions, packing=packing, position_ids=position_ids)
+        hidden = lm_logits(model, input_ids, attention_mask, packing=packing, last=keep, position_ids=position_ids)[:, :-1]
+    labels = input_ids[:, input_ids.shape[1] - keep + 1 :]
+    chunk = max(1, (chunk_elements or CHUNK_ELEMENTS) // HEAD_CHUNK_SHARE // head.weight.shape[0])
     log_probs, entropies = head_token_stats(
-        hidden.flatten(0, 1), head.weight, head.bias, labels.flatten(), temperature=temperature, chunk=max(1, chunk_elements // head.weight.shape[0]),
-        entropy=entropy,
+        hidden.flatten(0, 1), head.weight, head.bias, labels.flatten(), temperature=temperature, chunk=chunk, entropy=entropy,
     )
     return log_probs.view_as(labels), entropies.view_as(labels) if entropies is not None else None
+
+
+def lm_nll(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, *, packing: bool = False,
+    chunk_elements: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token NLL over the tokens loss_mask[:, 1:] marks, and their count (float32, as
+    `token_nll`): SFT's loss and PPO/GRPO's ptx term. The logits whole, or for a large vocabulary a
+    chunk of tokens at a time (`chunked_head`, `head_log_probs`)."""
+    head = chunked_head(model, input_ids.numel(), chunk_elements)
+    if head is None:
+        return token_nll(lm_logits(model, input_ids, attention_mask, packing=packing), input_ids, loss_mask)
+    log_probs, _ = head_log_probs(model, head, input_ids, attention_mask, input_ids.shape[1], packing=packing, chunk_elements=chunk_elements)
+    scored = loss_mask[:, 1:].bool()
+    return masked_sum(-log_probs, scored), scored.sum().to(torch.float32)
 
 
 def action_values(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from olingo.rl.masked import masked_sum
 
@@ -19,6 +18,11 @@ from olingo.rl.masked import masked_sum
 # elements (64 MiB), at least one. Small models go in one piece (no Python loop per row); a
 # large vocabulary goes a row at a time, as before.
 CHUNK_ELEMENTS = 1 << 24
+# A forward whose logits would exceed CHUNK_ELEMENTS takes them through the output head a chunk of
+# tokens at a time (`head_token_stats`), each chunk holding CHUNK_ELEMENTS / HEAD_CHUNK_SHARE
+# logits: a chunk's forward and backward temporaries (its logits, their softmax, their gradient)
+# then stay below the whole logits they replace.
+HEAD_CHUNK_SHARE = 4
 
 
 def _row_chunks(logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -71,41 +75,73 @@ def head_token_stats(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, *, temperature: float = 1.0, chunk: int = 1024,
     entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax(h W^T + b) / T at each label, and the entropy there, `chunk` tokens at a time.
+    """log softmax((h W^T + b) / T) at each label, and the entropy there, `chunk` tokens at a time.
 
     hidden: (N, H), the output head's input (after the final norm); weight: (V, H) and bias: (V,)
     or None, the head's; labels: (N,) long. Returns (log_probs (N,), entropy (N,)), float32, equal
     to `log_probs_from_logits` and `entropy_from_logits` of `F.linear(hidden, weight, bias) / T`
-    up to float rounding. At most one chunk's (chunk, V) logits exist at once: each chunk runs under
-    activation checkpointing, so backward recomputes its logits instead of keeping them (the
-    approach of Liger-Kernel's fused linear cross-entropy, without its fused kernel). The entropy
-    is a statistic: it carries no gradient (None when `entropy` is false).
+    up to float rounding. At most one chunk's (chunk, V) logits exist at once, forward or backward
+    (`HeadLogProbs`). The entropy is a statistic: it carries no gradient (None when `entropy` is false).
     """
-    pieces = [
-        checkpoint(_chunk_stats, h, weight, bias, y, temperature, entropy, use_reentrant=False) if torch.is_grad_enabled()
-        else _chunk_stats(h, weight, bias, y, temperature, entropy)
-        for h, y in zip(hidden.split(chunk), labels.split(chunk), strict=True)
-    ]
-    log_probs = torch.cat([p[0] for p in pieces]) if pieces else hidden.new_zeros(0, dtype=torch.float32)
-    if not entropy:
-        return log_probs, None
-    return log_probs, torch.cat([p[1] for p in pieces]) if pieces else torch.zeros_like(log_probs)
+    log_probs, entropies = HeadLogProbs.apply(hidden, weight, bias, labels, float(temperature), max(1, int(chunk)), bool(entropy))
+    return log_probs, entropies if entropy else None
 
 
-def _chunk_stats(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, temperature: float, entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+class HeadLogProbs(torch.autograd.Function):
+    """`head_token_stats` chunk by chunk. Forward computes each chunk's logits, keeps its log-probs
+    (and entropies) and drops the logits, saving only the inputs. Backward recomputes each chunk's
+    logits, turns the upstream gradient g into d/d logits = g (onehot(y) - softmax) / T and adds
+    that chunk's share of the head's weight gradient into one (V, H) float32 buffer: one weight
+    gradient in all, as with whole logits (per-chunk activation checkpointing would make a whole
+    (V, H) weight gradient per chunk). The approach of Liger-Kernel's fused linear cross-entropy,
+    without its fused kernel."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, temperature, chunk, entropy):  # autograd.Function: untyped, as torch declares it
+        n = labels.shape[0]
+        log_probs = hidden.new_empty(n, dtype=torch.float32)
+        entropies = hidden.new_zeros(n if entropy else 0, dtype=torch.float32)
+        for start in range(0, n, chunk):
+            logits = _chunk_logits(hidden[start : start + chunk], weight, bias, temperature)
+            normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
+            log_p = logits.sub_(normaliser)  # in place: the logits are not needed again
+            log_probs[start : start + chunk] = log_p.gather(-1, labels[start : start + chunk, None]).squeeze(-1)
+            if entropy:  # -sum p log p; p = 0 where log p = -inf, whose product 0 x -inf is NaN: taken as 0
+                entropies[start : start + chunk] = -log_p.exp().mul_(log_p).nan_to_num_(nan=0.0).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, labels)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(entropies)
+        return log_probs, entropies
+
+    @staticmethod
+    def backward(ctx, grad_log_probs, _grad_entropies):  # autograd.Function: untyped, as torch declares it
+        hidden, weight, bias, labels = ctx.saved_tensors
+        wants_hidden, wants_weight, wants_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden) if wants_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if wants_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if wants_bias else None
+        for start in range(0, labels.shape[0], ctx.chunk):
+            h, g = hidden[start : start + ctx.chunk], grad_log_probs[start : start + ctx.chunk, None]
+            grad_logits = torch.softmax(_chunk_logits(h, weight, bias, ctx.temperature), dim=-1).mul_(-g)
+            grad_logits.scatter_add_(-1, labels[start : start + ctx.chunk, None], g)
+            if ctx.temperature != 1.0:
+                grad_logits.div_(ctx.temperature)
+            if wants_hidden:
+                grad_hidden[start : start + ctx.chunk] = grad_logits.to(weight.dtype) @ weight
+            if wants_weight:
+                grad_weight.addmm_(grad_logits.t(), h.float())
+            if wants_bias:
+                grad_bias += grad_logits.sum(0)
+        grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
+        grad_bias = grad_bias.to(bias.dtype) if grad_bias is not None else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """(c, V) float32 logits of one chunk at the temperature (divided in the compute dtype, as
+    `policy_logits` divides whole logits)."""
     logits = F.linear(hidden, weight, bias)
-    logits = (logits / temperature if temperature != 1.0 else logits).float()
-    normaliser = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - normaliser
-    if not entropy:
-        return picked, picked.new_zeros(0)
-    with torch.no_grad():
-        log_p = logits - normaliser.unsqueeze(-1)
-        p = log_p.exp()
-        entropies = -(p * torch.where(p > 0, log_p, torch.zeros_like(log_p))).sum(dim=-1)
-    return picked, entropies
+    return (logits / temperature if temperature != 1.0 else logits).float()
 
 
 def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,11 +23,9 @@ from pydantic import Field, model_validator
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.config import StrictModel
 from olingo.engines import GenerationSettings
-from olingo.experience_maker import Experience, policy_token_stats
+from olingo.experience_maker import Experience, lm_nll, policy_token_stats
 from olingo.experience_maker.group import GroupExperienceConfig
-from olingo.models.packing import lm_logits
 from olingo.rl.kl import KLEstimator
-from olingo.rl.logprobs import GPTLMLoss
 from olingo.rl.masked import masked_mean
 from olingo.rl.policy_loss import GroupPolicyLoss, LossAggregation, ObjectiveParams, PolicyObjective, loss_units
 from olingo.trainer.learner import StepShare, TrainedModel, tis_weights
@@ -101,7 +99,7 @@ class GRPOLearner(TrainedModel):
             kl_coef=kl_coef if kl_in_loss else 0.0, kl_estimator=kl_estimator, max_length=max_length,
             objective=self.loss.objective, params=self.loss.objective_params(),
         )
-        self.ptx_loss_fn, self.apply_loss_mask, self.packing = GPTLMLoss(), apply_loss_mask, packing
+        self.apply_loss_mask, self.packing = apply_loss_mask, packing
         self.device = booster.device
 
     @classmethod
@@ -174,9 +172,9 @@ class GRPOLearner(TrainedModel):
     def ptx_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Next-token loss of the actor on a pretrain (SFT-format) batch."""
         batch = {k: v.to(self.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        logits = lm_logits(self.model, batch["input_ids"], batch["attention_mask"], packing=self.packing)
         mask = batch["loss_mask"] if self.apply_loss_mask and "loss_mask" in batch else batch["attention_mask"]
-        return self.ptx_loss_fn(logits, batch["input_ids"], mask)
+        total, count = lm_nll(self.model, batch["input_ids"], batch["attention_mask"], mask, packing=self.packing)
+        return total / count.clamp(min=1)  # token mean, as GPTLMLoss
 
     def optimizer_step(self, stats: list[dict[str, torch.Tensor]]) -> dict[str, float]:
         """Step optimizer and scheduler; `train/*` metrics of the step over its micro-batches and

@@ -20,9 +20,7 @@ from pydantic import Field
 
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.config import StrictModel
-from olingo.experience_maker import Experience, action_values, policy_token_stats
-from olingo.models.packing import lm_logits
-from olingo.rl.logprobs import GPTLMLoss
+from olingo.experience_maker import Experience, action_values, lm_nll, policy_token_stats
 from olingo.rl.masked import explained_variance, masked_mean
 from olingo.rl.policy_loss import PolicyLoss, ValueLoss
 from olingo.trainer.learner import StepShare, TrainedModel, tis_weights
@@ -53,7 +51,7 @@ class PolicyLearner(TrainedModel):
                  eps_clip: float = 0.2, ptx_coef: float = 0.0, apply_loss_mask: bool = True, tis_cap: float | None = None,
                  packing: bool = True) -> None:
         super().__init__(booster, actor, optim, scheduler)
-        self.loss_fn, self.ptx_loss_fn = PolicyLoss(eps_clip), GPTLMLoss()
+        self.loss_fn = PolicyLoss(eps_clip)
         self.ptx_coef, self.apply_loss_mask, self.tis_cap, self.packing = ptx_coef, apply_loss_mask, tis_cap, packing
 
     def losses(self, experience: Experience, temperature: float, ptx_batch: dict[str, Any] | None) -> tuple[torch.Tensor, bool, dict[str, torch.Tensor]]:
@@ -80,9 +78,9 @@ class PolicyLearner(TrainedModel):
     def ptx_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Next-token loss of the actor on a pretrain (SFT-format) batch."""
         batch = {k: v.to(self.booster.device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-        logits = lm_logits(self.model, batch["input_ids"], batch["attention_mask"], packing=self.packing)
         mask = batch["loss_mask"] if self.apply_loss_mask and "loss_mask" in batch else batch["attention_mask"]
-        return self.ptx_loss_fn(logits, batch["input_ids"], mask)
+        total, count = lm_nll(self.model, batch["input_ids"], batch["attention_mask"], mask, packing=self.packing)
+        return total / count.clamp(min=1)  # token mean, as GPTLMLoss
 
 
 class CriticLearner(TrainedModel):

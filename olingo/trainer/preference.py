@@ -31,9 +31,11 @@ from torch.utils.data import DataLoader
 
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
+from olingo.experience_maker.scoring import chunked_head, head_log_probs
 from olingo.models.lora import adapters_disabled, has_lora
 from olingo.models.packing import lm_logits
 from olingo.rl.logprobs import sequence_log_probs
+from olingo.rl.masked import masked_sum
 from olingo.rl.preference import SequenceLogps
 from olingo.trainer.callbacks import Callback, LoopArtifacts
 from olingo.trainer.reference_cache import (
@@ -95,8 +97,15 @@ def response_logps(
     halves of a concatenated pair batch stay exact).
     """
     start = first_scored_position(mask)
-    logits = lm_logits(model, input_ids, attention_mask, packing=packing, last=input_ids.shape[1] - start)
-    return SequenceLogps(*sequence_log_probs(logits, input_ids[:, start:], mask[:, start:]))
+    keep = input_ids.shape[1] - start
+    head = chunked_head(model, input_ids.shape[0] * keep)
+    if head is None:
+        logits = lm_logits(model, input_ids, attention_mask, packing=packing, last=keep)
+        return SequenceLogps(*sequence_log_probs(logits, input_ids[:, start:], mask[:, start:]))
+    # A large vocabulary: the logits a chunk of tokens at a time, never whole (docs/packing.md).
+    log_probs, _ = head_log_probs(model, head, input_ids, attention_mask, keep, packing=packing)
+    scored = mask[:, start + 1 :]
+    return SequenceLogps(masked_sum(log_probs, scored, dim=-1), scored.bool().sum(-1).to(torch.float32))
 
 
 def first_scored_position(mask: torch.Tensor) -> int:

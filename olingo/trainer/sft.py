@@ -22,8 +22,7 @@ from torch.utils.data import DataLoader
 
 from olingo.booster import Booster, OptimizerWrapper, Plugin
 from olingo.cluster import DistCoordinator
-from olingo.models.packing import lm_logits
-from olingo.rl.logprobs import token_nll
+from olingo.experience_maker.scoring import lm_nll
 from olingo.trainer.callbacks import Callback, LoopArtifacts
 from olingo.trainer.supervised import SLTrainer
 
@@ -81,8 +80,7 @@ class SFTTrainer(SLTrainer):
         return batch["loss_mask"] if self.apply_loss_mask else batch["attention_mask"]
 
     def _nll(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = lm_logits(self.model, batch["input_ids"], batch["attention_mask"], packing=self.packing)
-        return token_nll(logits, batch["input_ids"], self._mask(batch))
+        return lm_nll(self.model, batch["input_ids"], batch["attention_mask"], self._mask(batch), packing=self.packing)
 
     def _train_group(self, group: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         local_tokens = torch.tensor(float(sum(int(self._mask(b)[:, 1:].sum()) for b in group)), device=self.booster.device)
