@@ -16,14 +16,13 @@ Each stage is an ordinary run directory under the output directory, the experime
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from olingo.cli.demo import seed_overrides
-from olingo.cli.report_series import MONITOR_FILE
+from olingo.cli.report_series import monitor_rows
 from olingo.config import load_config, packaged_config
 from olingo.experiment.monitor_report import arm_verdicts
 from olingo.experiment.results import ArmResult, mean_std
@@ -112,12 +111,6 @@ def summarise_arms(runs: list[ArmResult]) -> dict[str, ArmSummary]:
             greedy=mean_std([v for r in members if (v := r.value("arithmetic/accuracy")) is not None])[0],
         )
     return out
-
-
-def monitor_rows(run_dir: Path) -> list[dict[str, float]]:
-    """The run's `monitor.jsonl` rows (one per evaluation), in step order."""
-    path = run_dir / MONITOR_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
 def format_overopt_table(r: OveroptDemoResult) -> str:

@@ -79,7 +79,7 @@ def load_series(run_dir: str | Path) -> dict[str, Series]:
     metric's label names its evaluator only when two evaluators log that same metric.
     """
     path = Path(run_dir) / METRICS_FILE
-    rows = _read_rows(path) + _monitor_rows(Path(run_dir))
+    rows = _read_rows(path) + monitor_rows(Path(run_dir))
     shared = _metrics_of_several_evaluators(rows)
     series: dict[str, Series] = {}
     for row in rows:
@@ -114,7 +114,7 @@ def _metrics_of_several_evaluators(rows: list[dict[str, Any]]) -> set[str]:
     return {metric for metric, evaluators in names.items() if len(evaluators) > 1}
 
 
-def _monitor_rows(run_dir: Path) -> list[dict[str, Any]]:
+def monitor_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The `reward_monitor` callback's rows (`monitor/*`, one per evaluation), when it ran."""
     path = run_dir / MONITOR_FILE
     return read_metrics(path, strict=False) if path.is_file() else []
