@@ -1,12 +1,17 @@
 """olingo vs the minimal loop vs TRL on a real model: SmolLM2-135M-Instruct, fp32, on this CPU.
 
     OLINGO_HOME=/tmp/olh-tune .venv/bin/python bench/real_model.py [--repeats 3] [--steps 3] [--only rm,dpo] [--quick]
+        [--sizes small|realistic] [--model smollm2|vocab262k]
 
 Reward-model, DPO, GRPO and PPO steps, run by the suite's runners (`rm_run.py`, `dpo_run.py`,
 `grpo_run.py`, `ppo_run.py` and `trl/*_trl.py`, unchanged in what they compute) on the real weights
 (`workload.build_real_models`: the converted `builtin:smollm2` as policy and reference; reward and
 value models with its body and a fresh 1-output head) and on data in its tokenizer, with batches
-sized so that one step takes seconds, not minutes, on one core.
+sized so that one step takes seconds, not minutes, on one core (`--sizes small`, the default) or
+as a user trains (`--sizes realistic`: batches of 16-32 rows and 128-256 tokens, a minute a step).
+`--model vocab262k` swaps the real weights for a random-init model of SmolLM2's shape with 4 layers
+and a 262,144-token vocabulary (Gemma 3's), where the logits are most of a step's memory: the peak
+RSS column then compares how each implementation handles them.
 
 Measurement, chosen for a shared 2-core machine whose wall times swing 2x from run to run:
 1. every run is a fresh process with one torch thread (`--threads 1`), so another process taking a
@@ -16,7 +21,8 @@ Measurement, chosen for a shared 2-core machine whose wall times swing 2x from r
 3. runs are paired: in every repeat each stage runs olingo, minimal and TRL back to back (the order
    rotating from repeat to repeat: A B C, B C A, C A B), and a ratio is taken between the runs of one
    repeat, then given as median [min-max] over repeats.
-Writes bench/results/real.{jsonl,md} (`--quick`: real_quick, a smoke run with tiny batches).
+Writes bench/results/real.{jsonl,md} (`--quick`: real_quick, a smoke run with tiny batches; other
+sizes and models: real_realistic, vocab262k_realistic, ...; `--name` overrides).
 """
 
 from __future__ import annotations
@@ -52,6 +58,21 @@ QUICK_SIZES = {
     "dpo": {"batch_size": 1, "prompt_length": 8, "response_length": 8},
     "grpo": {"batch_size": 1, "num_generations": 2, "response_length": 4},
     "ppo": {"batch_size": 2, "response_length": 4},
+}
+# As users train: GRPO 4 prompts x G=8 x 64 sampled tokens (32 rows), DPO 4 pairs of 64 + 192 tokens,
+# RM 8 pairs of 128 tokens, PPO 8 prompts x 64 tokens in 2 minibatches: 30-60 s of CPU a step on one core.
+REALISTIC_SIZES = {
+    "rm": {"batch_size": 8, "length": 128},
+    "dpo": {"batch_size": 4, "prompt_length": 64, "response_length": 192},
+    "grpo": {"batch_size": 4, "num_generations": 8, "response_length": 64},
+    "ppo": {"batch_size": 8, "response_length": 64},
+}
+SIZE_SETS = {"small": SIZES, "realistic": REALISTIC_SIZES}
+MODELS = {
+    "smollm2": ("Real model: SmolLM2-135M-Instruct (135M parameters, 30 layers, fp32, CPU)",
+                "SmolLM2-135M-Instruct (builtin:smollm2, Q4_1 GGUF dequantised to fp32)"),
+    "vocab262k": (f"Random-init model, SmolLM2's shape with {workload.BIG_VOCAB_LAYERS} layers and a {workload.BIG_VOCAB:,}-token vocabulary "
+                  "(fp32, CPU)", f"random init, hidden 576, {workload.BIG_VOCAB_LAYERS} layers, vocabulary {workload.BIG_VOCAB}, tied embeddings"),
 }
 TRL_SCRIPTS = {"rm": "rm_trl.py", "dpo": "dpo_trl.py", "grpo": "grpo_trl.py", "ppo": "ppo_trl.py"}
 OUR_SCRIPTS = {"rm": "rm_run.py", "dpo": "dpo_run.py", "grpo": "grpo_run.py", "ppo": "ppo_run.py"}
@@ -137,8 +158,8 @@ def measure(stage: str, impl: str, repeat: int, spec: dict, threads: int) -> dic
 
 def adamw_probe(policy_dir: str, steps: int = 3) -> dict:
     """Wall and CPU seconds of one AdamW step over the policy's parameters (random gradients), for
-    torch's CPU default (olingo's and the minimal loop's optimizer), foreach=True and fused=True
-    (TRL's `adamw_torch_fused`): median of `steps` steps after the one that creates the state."""
+    torch's CPU default (the minimal loop's optimizer), foreach=True and fused=True (TRL's
+    `adamw_torch_fused` and olingo's default): median of `steps` steps after the one that creates the state."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -193,7 +214,7 @@ def describe(stage: str, size: dict) -> str:
     return f"PPO ({size['batch_size']} prompts x {size['response_length']} tokens, 2 minibatches)"
 
 
-def markdown(rows: list[dict], sizes: dict, steps: dict, warmup: int, threads: int, adamw: dict | None) -> str:
+def markdown(rows: list[dict], sizes: dict, steps: dict, warmup: int, threads: int, adamw: dict | None, title: str = MODELS["smollm2"][0]) -> str:
     stages = [s for s in STAGES if any(r["stage"] == s for r in rows)]
     repeats = len({r["repeat"] for r in rows})
     ratio_headers = ["stage", "olingo / minimal wall", "olingo / minimal CPU", "olingo / TRL wall", "olingo / TRL CPU", "TRL / minimal CPU"]
@@ -211,7 +232,7 @@ def markdown(rows: list[dict], sizes: dict, steps: dict, warmup: int, threads: i
             lines.append([s, impl, spread([r["wall_s"] for r in mine], 1000), spread([r["cpu_s"] for r in mine], 1000),
                           median([r["cpu_s"] / r["wall_s"] for r in mine]), spread([r["tokens_per_s"] for r in mine]),
                           spread(gen) if gen else "-", spread([r["peak_rss_mb"] for r in mine]), spread([r["load_avg_1m"] for r in mine])])
-    intro = ("## Real model: SmolLM2-135M-Instruct (135M parameters, 30 layers, fp32, CPU)\n\n"
+    intro = (f"## {title}\n\n"
              f"olingo, the minimal loop and TRL on the same weights, data and batches. Every run is a fresh process with {threads} torch "
              f"thread(s); a run's step time is the median of its timed steps ({', '.join(f'{s}: {n}' for s, n in steps.items())}) after {warmup} "
              "warm-up step(s). Wall time is end to end; "
@@ -226,8 +247,9 @@ def markdown(rows: list[dict], sizes: dict, steps: dict, warmup: int, threads: i
     if adamw:
         probe = [[name, 1000 * adamw[name]["wall_s"], 1000 * adamw[name]["cpu_s"]] for name in ("default", "foreach", "fused")]
         text += (f"\n### AdamW alone\n\nOne `torch.optim.AdamW` step over the policy's {adamw['parameters'] / 1e6:.1f}M parameters with fresh "
-                 f"gradients, {adamw['torch_threads']} thread(s), in a process of its own: torch's CPU default (what olingo's `build_optimizer` "
-                 "and the minimal loops build), `foreach=True`, and `fused=True` (TRL's default `adamw_torch_fused`). Every RM, DPO and GRPO "
+                 f"gradients, {adamw['torch_threads']} thread(s), in a process of its own: torch's CPU default (what the minimal loops build, "
+                 "and olingo's `implementation: torch`), `foreach=True`, and `fused=True` (TRL's default `adamw_torch_fused`, and olingo's "
+                 "`implementation: auto`, the default). Every RM, DPO and GRPO "
                  "step has one such step, a PPO update four (actor and critic, 2 minibatches).\n\n" + table(["AdamW", "wall ms/step", "CPU ms/step"], probe))
     return text
 
@@ -240,8 +262,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps at the start of every run")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads in every run")
     parser.add_argument("--only", default=",".join(STAGES), help="comma-separated stages among rm,dpo,grpo,ppo")
-    parser.add_argument("--quick", action="store_true", help="1 repeat, 1 timed step, tiny batches: a smoke run written to real_quick")
-    parser.add_argument("--name", help="results file name under bench/results/ (default real; real_quick with --quick)")
+    parser.add_argument("--quick", action="store_true", help="1 repeat, 1 timed step, tiny batches: a smoke run written to NAME_quick")
+    parser.add_argument("--name", help="results file name under bench/results/ (default: real, real_realistic, vocab262k_realistic, ...; --quick adds _quick)")
+    parser.add_argument("--sizes", choices=sorted(SIZE_SETS), default="small", help="batch sizes: small (a step in seconds) or realistic")
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2", help="the real SmolLM2 weights, or a random-init 262k-vocabulary model")
     parser.add_argument("--no-adamw-probe", action="store_true", help="skip timing AdamW alone")
     parser.add_argument("--adamw-probe", metavar="POLICY_DIR", help=argparse.SUPPRESS)  # internal: the probe's own process
     args = parser.parse_args()
@@ -251,15 +275,15 @@ def main() -> None:
     stages = [s for s in args.only.split(",") if s]
     if unknown := set(stages) - set(STAGES):
         parser.error(f"unknown stages {sorted(unknown)}; choose among {','.join(STAGES)}")
-    sizes = QUICK_SIZES if args.quick else SIZES
+    sizes = QUICK_SIZES if args.quick else SIZE_SETS[args.sizes]
     if args.quick:
         args.repeats, args.steps, args.ppo_steps = 1, 1, 1
     steps = {s: args.ppo_steps if s == "ppo" else args.steps for s in stages}
     WORK.mkdir(parents=True, exist_ok=True)
-    models = workload.build_real_models(WORK)
+    models = workload.build_big_vocab_models(WORK) if args.model == "vocab262k" else workload.build_real_models(WORK)
     from bench.trl.env import versions
 
-    info = machine(run_git=False) | {"model": "SmolLM2-135M-Instruct (builtin:smollm2, Q4_1 GGUF dequantised to fp32)", "model_dirs": models,
+    info = machine(run_git=False) | {"model": MODELS[args.model][1], "model_dirs": models, "sizes_name": args.sizes,
                         "torch_threads": args.threads, "steps": steps, "warmup": args.warmup, "sizes": {s: sizes[s] for s in stages}}
     info["git"] = f"{info['git']} (measured on its working tree)"
     info["extra_versions"] = {"trl (RM, DPO, GRPO)": versions("rm").get("trl", "?"), "trl (PPO)": versions("ppo").get("trl", "?")}
@@ -278,9 +302,10 @@ def main() -> None:
                 rows.append(row)
                 print(f"{stage:>4} {impl:>7} r{repeat}: wall {1000 * row['wall_s']:8.0f} ms/step  cpu {1000 * row['cpu_s']:8.0f} ms/step  "
                       f"{row['peak_rss_mb']:6.0f} MB  load {row['load_avg_1m']:.1f}  ({row['process_s']:.0f} s, {time.time() - start:.0f} s in)", flush=True)
-    name = args.name or ("real_quick" if args.quick else "real")
+    default_name = ("real" if args.model == "smollm2" else args.model) + ("" if args.sizes == "small" else f"_{args.sizes}")
+    name = args.name or (f"{default_name}_quick" if args.quick else default_name)
     info["total_s"] = round(time.time() - start)
-    print(write_results(name, rows, info, markdown(rows, sizes, steps, args.warmup, args.threads, adamw)))
+    print(write_results(name, rows, info, markdown(rows, sizes, steps, args.warmup, args.threads, adamw, MODELS[args.model][0])))
     print(f"done in {time.time() - start:.0f} s")
 
 

@@ -157,6 +157,20 @@ REAL_SOURCE = "builtin:smollm2"
 REAL_PAD = "<|endoftext|>"
 
 
+def model_dirs(out: Path, source: str) -> tuple[dict[str, str], str, AutoTokenizer | None]:
+    """The policy/, reward/ and value/ paths under `out`, the resolved `source` and its tokenizer
+    with the benchmark's pad token; the tokenizer is None when the directories are built already."""
+    from olingo.recipes.common import resolve_model_path
+
+    paths = {name: str(out / name) for name in ("policy", "reward", "value")}
+    if (out / "value" / "config.json").exists():
+        return paths, source, None
+    src = resolve_model_path(source)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    tokenizer.pad_token = REAL_PAD
+    return paths, src, tokenizer
+
+
 def build_real_models(root: Path, source: str = REAL_SOURCE) -> dict[str, str]:
     """policy/, reward/ and value/ under root/smollm2 from SmolLM2-135M-Instruct (built once).
 
@@ -166,15 +180,9 @@ def build_real_models(root: Path, source: str = REAL_SOURCE) -> dict[str, str]:
     and generation_config names no eos, so every response runs to its full length as in the tiny
     workloads. reward/ and value/ are LlamaForSequenceClassification: the same body, a fresh
     1-output head (seeds 1 and 2)."""
-    from olingo.recipes.common import resolve_model_path
-
-    out = root / "smollm2"
-    paths = {name: str(out / name) for name in ("policy", "reward", "value")}
-    if (out / "value" / "config.json").exists():
+    paths, src, tokenizer = model_dirs(root / "smollm2", source)
+    if tokenizer is None:
         return paths
-    src = resolve_model_path(source)
-    tokenizer = AutoTokenizer.from_pretrained(src)
-    tokenizer.pad_token = REAL_PAD
     policy = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     policy.config.pad_token_id = policy.generation_config.pad_token_id = tokenizer.pad_token_id
     policy.generation_config.eos_token_id = None
@@ -184,6 +192,38 @@ def build_real_models(root: Path, source: str = REAL_SOURCE) -> dict[str, str]:
             torch.manual_seed(seed)
             model = LlamaForSequenceClassification.from_pretrained(src, num_labels=1, dtype=torch.float32)
         model.config.pad_token_id = tokenizer.pad_token_id
+        save_pretrained_pair(model, tokenizer, paths[name])
+    return paths
+
+
+BIG_VOCAB = 262_144  # Gemma 3's vocabulary size
+BIG_VOCAB_LAYERS = 4
+
+
+def build_big_vocab_models(root: Path, source: str = REAL_SOURCE, vocab: int = BIG_VOCAB, layers: int = BIG_VOCAB_LAYERS) -> dict[str, str]:
+    """policy/, reward/ and value/ under root/vocab{vocab}: random-init models of SmolLM2's shape
+    (hidden 576, 9 heads / 3 KV heads, MLP 1536, tied embeddings) with `layers` layers and a
+    `vocab`-token vocabulary, with SmolLM2's tokenizer (its 49,152 ids are a subset, so the real
+    workloads' data serve unchanged). The output head then holds most of the parameters and the
+    logits most of a step's memory: what a chunked log-prob path changes. Set up as
+    `build_real_models` sets up the real policy (pad <|endoftext|>, no eos in generation)."""
+    from transformers import AutoConfig
+
+    paths, src, tokenizer = model_dirs(root / f"vocab{vocab}_l{layers}", source)
+    if tokenizer is None:
+        return paths
+    config = AutoConfig.from_pretrained(src)
+    config.vocab_size, config.num_hidden_layers, config.pad_token_id = vocab, layers, tokenizer.pad_token_id
+    for seed, name in ((0, "policy"), (1, "reward"), (2, "value")):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            if name == "policy":
+                model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+                model.generation_config.pad_token_id, model.generation_config.eos_token_id = tokenizer.pad_token_id, None
+            else:
+                scored = copy.deepcopy(config)
+                scored.num_labels = 1
+                model = LlamaForSequenceClassification(scored)
         save_pretrained_pair(model, tokenizer, paths[name])
     return paths
 

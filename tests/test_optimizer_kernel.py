@@ -1,5 +1,6 @@
-"""The AdamW kernel (`OptimizerConfig.implementation`): torch's own choice by default, the fused
-kernel on request, with the same updates as the per-tensor loop up to float rounding."""
+"""The AdamW kernel (`OptimizerConfig.implementation`): torch's fused kernel by default where it
+applies, torch's own choice on request, with the same updates as the per-tensor loop up to float
+rounding."""
 
 from __future__ import annotations
 
@@ -26,13 +27,23 @@ def steps(implementation: str, n: int = 3) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def test_each_kernel_choice_is_honoured_and_the_default_is_torchs_own():
-    defaults = {impl: build_optimizer(small_model(), 1e-3, 0.0, (0.9, 0.95), impl).defaults for impl in ("torch", "fused", "foreach", "for_loop")}
-    assert defaults["fused"]["fused"] is True and not defaults["torch"]["fused"] and defaults["torch"]["foreach"] is None
+def test_each_kernel_choice_is_honoured_and_the_default_is_the_fused_kernel():
+    impls = ("auto", "torch", "fused", "foreach", "for_loop")
+    defaults = {impl: build_optimizer(small_model(), 1e-3, 0.0, (0.9, 0.95), impl).defaults for impl in impls}
+    assert defaults["auto"]["fused"] is True and defaults["fused"]["fused"] is True
+    assert not defaults["torch"]["fused"] and defaults["torch"]["foreach"] is None
     assert (defaults["foreach"]["foreach"], defaults["for_loop"]["foreach"]) == (True, False)
-    assert OptimizerConfig().implementation == "torch"
+    assert OptimizerConfig().implementation == "auto"
     with pytest.raises(ValueError):
         OptimizerConfig(implementation="apex")
+
+
+def test_auto_falls_back_to_torchs_choice_where_the_fused_kernel_does_not_apply():
+    from olingo.trainer.utils import adam_kernel
+
+    assert adam_kernel([torch.zeros(2, device="meta")], "auto") == {}  # not a CPU or CUDA tensor
+    assert adam_kernel([], "auto") == {}  # nothing to train: torch's AdamW refuses fused=True on no parameters
+    assert adam_kernel([torch.zeros(2)], "auto") == {"fused": True}
 
 
 def test_the_fused_kernel_makes_the_loops_updates():

@@ -175,20 +175,20 @@ def test_learning_peak_meets_activations_with_the_first_gradients_and_all_gradie
 
     shape = ModelShape(params=1000, trainable=1000, hidden=8, layers=2, heads=2, kv_dim=8, intermediate=16, vocab=50, lora_width=0, head=400, largest=400)
     fp32 = Precision(param=4, act=4)
+    assert optimizer_step_bytes(shape, fp32, 1, False) == optimizer_step_bytes(shape, fp32, 1, False, "fused") == 0  # auto: one fused pass
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert optimizer_step_bytes(shape, fp32, 1, False) == 2 * 400 * 4  # torch's CPU default, per tensor: sqrt(v) and the quotient of the largest
+    assert optimizer_step_bytes(shape, fp32, 1, False, "torch") == 2 * 400 * 4  # torch's CPU default, per tensor: sqrt(v) and the quotient of the largest
     assert optimizer_step_bytes(shape, fp32, 1, False, "for_loop") == 2 * 400 * 4
     assert optimizer_step_bytes(shape, fp32, 2, False, "foreach") == 1000 * 4 / 2  # foreach: sqrt(v) of every (sharded) tensor at once
-    assert optimizer_step_bytes(shape, fp32, 1, False, "fused") == 0  # one fused pass in registers
     # backward frees a layer's activations as it makes its gradients: activations meet the head's only
     assert learning_bytes(shape, fp32, 1, False, acts=10_000) == 10_000 + 400 * 4
-    # small activations: all gradients (4000) and the step's temporaries (3200), or what outlives backward
-    assert learning_bytes(shape, fp32, 1, False, acts=100) == 1000 * 4 + 2 * 400 * 4
-    assert learning_bytes(shape, fp32, 1, False, acts=100, kernel="fused") == 1000 * 4
+    # small activations: all gradients (4000) and the step's temporaries (3200 per tensor), or what outlives backward
+    assert learning_bytes(shape, fp32, 1, False, acts=100, kernel="for_loop") == 1000 * 4 + 2 * 400 * 4
+    assert learning_bytes(shape, fp32, 1, False, acts=100) == 1000 * 4
     assert learning_bytes(shape, fp32, 1, False, acts=100, after=5000) == 1000 * 4 + 5000
-    assert learning_bytes(shape, fp32, 2, True, acts=100) == 100  # fsdp cpu_offload: gradients and the step live on the CPU
+    assert learning_bytes(shape, fp32, 2, True, acts=100, kernel="foreach") == 100  # fsdp cpu_offload: gradients and the step live on the CPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert optimizer_step_bytes(shape, fp32, 2, False) == 1000 * 4 / 2  # torch's CUDA default is foreach
+    assert optimizer_step_bytes(shape, fp32, 2, False, "torch") == 1000 * 4 / 2  # torch's CUDA default is foreach
 
 
 @pytest.mark.parametrize("tied", [True, False])

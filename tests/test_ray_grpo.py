@@ -1,5 +1,6 @@
 """Ray detached mode for the GRPO family: group makers, `DetachedGRPOTrainer` sharing the learn
-code of `GRPOTrainer`, no critic anywhere, no reference at kl_coef 0, resume, the CLI.
+code of `GRPOTrainer`, no critic anywhere, no reference at kl_coef 0, resume, the CLI, and on-policy
+distillation with a teacher each maker loads (its tokenizer checked on the driver first).
 
 The learn-step proof runs the trainer actor's own class in this process (fast); the Ray runs
 (a local instance of 2 CPUs, every wait bounded) and the CLI are slow.
@@ -8,6 +9,7 @@ The learn-step proof runs the trainer actor's own class in this process (fast); 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 from olingo.booster import Booster, SingleProcessPlugin  # noqa: E402
-from olingo.config import ConfigError  # noqa: E402
+from olingo.config import ConfigError, load_config, packaged_config  # noqa: E402
 from olingo.engines import GenerationSettings  # noqa: E402
 from olingo.experience_maker import make_experience_batch, split_experience_batch  # noqa: E402
 from olingo.experience_maker.group import (  # noqa: E402
@@ -27,9 +29,11 @@ from olingo.experience_maker.group import (  # noqa: E402
     groups_with_signal,
 )
 from olingo.models import load_causal_lm, load_tokenizer  # noqa: E402
+from olingo.ray import launch  # noqa: E402
 from olingo.ray.detached_trainer_grpo import DetachedGRPOTrainer  # noqa: E402
 from olingo.ray.experience_maker_holder import ExperienceMakerHolder  # noqa: E402
 from olingo.ray.making import GroupMaking  # noqa: E402
+from olingo.recipes.grpo import run_grpo  # noqa: E402
 from olingo.recipes.grpo_config import GRPOConfig  # noqa: E402
 from olingo.recipes.grpo_ray import (  # noqa: E402
     GRPOModelsFn,
@@ -40,6 +44,7 @@ from olingo.recipes.grpo_ray import (  # noqa: E402
 )
 from olingo.recipes.ppo_ray import PromptLoaderFn, TokenizerFn  # noqa: E402
 from olingo.rewards.functions import CompositeReward  # noqa: E402
+from olingo.tasks.tiny_model import build_tiny_llama, save_pretrained_pair  # noqa: E402
 from olingo.trainer.grpo import GRPOTrainer  # noqa: E402
 from olingo.trainer.grpo_learner import GRPOLossConfig  # noqa: E402
 from olingo.trainer.learner import learn_step  # noqa: E402
@@ -159,6 +164,26 @@ def test_dynamic_sampling_in_a_maker_keeps_only_groups_with_signal(assets, tok):
     assert experience.info["dynamic_sampling/rounds"] >= 2
 
 
+def test_group_making_with_a_teacher_scores_the_rollouts_with_it(assets, tok):
+    """The recipe's maker factory loads the frozen teacher (as `load_teacher` does in one process) and
+    `GroupMaking` hands it to the maker: a teacher equal to the actor gives teacher_kl 0 (the same forward)."""
+    model = str(assets.model_dir)
+    torch.manual_seed(2)
+    cfg = GRPOConfig.model_validate({
+        "model": {"actor": model, "teacher": model}, "experience": {"num_generations": G, "distill_coef": 1.0}, "reward": {"functions": {}},
+    })
+    factory = maker_models(cfg)
+    assert factory.teacher == model and factory.reference is None
+    models = factory()
+    assert len(models) == 4 and not models[3].training and not any(p.requires_grad for p in models[3].parameters())
+    making = GroupMaking(cfg.experience, needs_old_log_probs=False)
+    maker = making.build(models, tok, GenerationSettings(max_new_tokens=4), None)
+    assert maker.teacher is models[3]
+    experience = making.make(maker, prompt_batch(tok, ["1+2=", "3+4="]), lambda: pytest.fail("no resampling"), policy_version=0)
+    assert experience.teacher_log_probs is not None and experience.info["teacher_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert maker_models(cfg.model_copy(update={"model": cfg.model.model_copy(update={"teacher": None})})).teacher is None
+
+
 # ---- the recipe's checks -------------------------------------------------------------------------------
 def test_ray_config_says_what_ray_mode_cannot_do(caplog):
     cfg = GRPOConfig.model_validate({"ray": {"enabled": True}, "loop": {"accumulation_steps": 2}, "experience": {"num_generations": 4}})
@@ -182,6 +207,24 @@ def test_ray_config_says_what_ray_mode_cannot_do(caplog):
     assert episode_batches(one) == 1 and not needs_old_log_probs(one)  # pi_old is the policy learnt on
     assert needs_old_log_probs(one.model_copy(update={"ray": one.ray.model_copy(update={"max_staleness": 1})}))
     assert needs_old_log_probs(one.model_copy(update={"loop": one.loop.model_copy(update={"update_steps": 2})}))
+
+
+def test_a_teacher_with_another_tokenizer_is_refused_before_ray_starts(assets, tmp_path, monkeypatch):
+    """The teacher's tokenizer is checked on the driver: one line naming model.teacher, and no Ray
+    instance (so no actor) is ever started."""
+    tok = load_tokenizer(str(assets.model_dir))
+    tok.add_tokens(["<only-the-teacher-has-this>"])
+    teacher = save_pretrained_pair(build_tiny_llama(tok, seed=1), tok, tmp_path / "teacher")
+    monkeypatch.setattr(launch, "start_ray", lambda rc: pytest.fail("Ray started before the teacher's tokenizer was checked"))
+    cfg = load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), [
+        f"run.output_dir={tmp_path}", "run.name=mismatch", f"model.actor={assets.model_dir}", f"model.teacher={teacher}",
+        "experience.distill_coef=1.0", "reward.functions={}", "loop.accuracy_function=null", "ray.enabled=true", "loop.eval_interval=0",
+    ])
+    with pytest.raises(ConfigError) as info:
+        run_grpo(cfg)
+    message = str(info.value)
+    assert message.startswith("model.teacher must share the actor's tokenizer: ") and "one vocabulary extends the other" in message
+    assert "\n" not in message and not (tmp_path / "mismatch").exists()
 
 
 # ---- the CLI (before this module's own Ray instance exists) --------------------------------------------
@@ -211,6 +254,38 @@ def test_grpo_cli_with_ray_enabled(tmp_path, assets):
     assert maker["kept_groups"] <= maker["sampled_groups"]
     final = run_dir / "checkpoints" / "final"
     assert (final / "actor" / "config.json").exists() and not any("critic" in p.name for p in final.iterdir())
+    assert not wait_gone(ray_pids() - before), "the CLI must shut down the Ray instance it started"
+
+
+@pytest.mark.slow
+def test_grpo_cli_with_ray_distils_from_a_teacher(tmp_path, assets):
+    """`olingo grpo ray.enabled=true model.teacher=... experience.distill_coef=1` with no reward: the
+    makers load the teacher and the trainer logs its KL, as one process does (`rollout/teacher_kl`)."""
+    tok = load_tokenizer(str(assets.model_dir))
+    teacher = build_tiny_llama(tok, seed=1)
+    with torch.no_grad():
+        teacher.lm_head.weight.mul_(20.0)  # peaked, far from the student: a KL clearly above 0
+    teacher_dir = save_pretrained_pair(teacher, tok, tmp_path / "teacher")
+    before = ray_pids()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    args = [
+        "grpo", f"run.output_dir={tmp_path}", "run.name=distil-ray", "logging.progress=false", f"model.actor={assets.model_dir}",
+        f"model.teacher={teacher_dir}", "experience.distill_coef=1", "reward.functions={}", "loop.accuracy_function=null",
+        "ray.enabled=true", "ray.num_cpus=2", "loop.episodes=1", "loop.update_steps=1", "loop.rollout_batch_size=4", "loop.train_batch_size=8",
+        "experience.num_generations=4", "generation.max_new_tokens=4", "actor_optim.lr=1e-3", "loop.eval_batch_size=64",
+        "ray.call_timeout_s=120", "ray.experience_timeout_s=120",
+    ]
+    out = subprocess.run(olingo_cmd(*args), capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    run_dir = tmp_path / "distil-ray"
+    assert json.loads((run_dir / "ray_summary.json").read_text())["steps"] == 2  # 4 prompts x 4 answers / 8 per step
+    assert str(teacher_dir) in (run_dir / "config.yaml").read_text()
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    train = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(math.isfinite(r["rollout/teacher_kl"]) and r["rollout/teacher_kl"] > 0 for r in train), train
+    evals = [r for r in rows if r["split"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 2] and all(math.isfinite(r["eval/teacher_kl"]) for r in evals)
     assert not wait_gone(ray_pids() - before), "the CLI must shut down the Ray instance it started"
 
 

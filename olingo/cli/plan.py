@@ -6,7 +6,7 @@ Per trained model (SFT's model, the reward model, PPO's actor and critic):
     gradients       T x bytes(param dtype)                  T = trainable parameters (LoRA: adapters + heads)
     optimizer       AdamW m and v: 2 x T x bytes(param dtype) (torch keeps them in the parameter's dtype);
                     under fsdp mixed precision the sharded parameters are the fp32 master copy
-    optimizer step  AdamW's temporaries: T x bytes with foreach (CUDA), 2 x the largest tensor per tensor (CPU), none fused
+    optimizer step  AdamW's temporaries: none fused (the default), T x bytes with foreach, 2 x the largest tensor per tensor
     activations     tokens x per-token bytes (below), one micro-batch; never divided by world size
 
 Backward frees each layer's activations as it makes that layer's gradients, so learning holds the
@@ -184,20 +184,21 @@ def entropy_bytes(shape: ModelShape, rows: int, actions: int) -> float:
     return 3 * 4 * min(rows * actions * shape.vocab, CHUNK_ELEMENTS)
 
 
-def optimizer_step_bytes(shape: ModelShape, prec: Precision, shards: int, offload: bool, kernel: str = "torch") -> float:
+def optimizer_step_bytes(shape: ModelShape, prec: Precision, shards: int, offload: bool, kernel: str = "auto") -> float:
     """Temporaries of one AdamW step (`kernel`: the optimizer section's `implementation`): none
-    with torch's fused kernel (one pass in registers); the foreach one (torch's default on CUDA)
+    with torch's fused kernel ("auto", the default, takes it: model weights are float tensors on
+    the CPU or a CUDA device; one pass in registers); the foreach one (torch's default on CUDA)
     takes sqrt(v) of every trainable tensor at once; the per-tensor one (torch's default on CPU)
     two tensors of one parameter's size (sqrt(v) and its quotient), the largest's at the peak.
     None on the device under FSDP's CPU offload (the step runs on the CPU)."""
-    if offload or kernel == "fused":
+    if offload or kernel in ("auto", "fused"):
         return 0.0
     if kernel == "foreach" or (kernel == "torch" and torch.cuda.is_available()):
         return shape.trainable * prec.param / shards
     return 2 * shape.largest * prec.param / shards
 
 
-def learning_bytes(shape: ModelShape, prec: Precision, shards: int, offload: bool, acts: float, after: float = 0.0, kernel: str = "torch") -> float:
+def learning_bytes(shape: ModelShape, prec: Precision, shards: int, offload: bool, acts: float, after: float = 0.0, kernel: str = "auto") -> float:
     """Device bytes beside the weights and AdamW state while one model learns a micro-batch.
 
     Backward frees each layer's activations as it makes that layer's gradients, so all the
@@ -209,7 +210,7 @@ def learning_bytes(shape: ModelShape, prec: Precision, shards: int, offload: boo
     return max(acts + first, grads + max(optimizer_step_bytes(shape, prec, shards, offload, kernel), after))
 
 
-def trained_rows(name: str, shape: ModelShape, prec: Precision, shards: int, offload: bool = False, kernel: str = "torch") -> list[Row]:
+def trained_rows(name: str, shape: ModelShape, prec: Precision, shards: int, offload: bool = False, kernel: str = "auto") -> list[Row]:
     """Weights, gradients and AdamW state of one trained model, per device (none of it on the
     device under FSDP's CPU offload)."""
     lora = " (LoRA: adapters and heads)" if shape.trainable < shape.params else ""

@@ -29,13 +29,16 @@ from olingo.experience_maker.group import GroupExperienceConfig
 from olingo.ray.detached_trainer_base import TRAINER_CONCURRENCY, DetachedTrainer
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.grpo_learner import GRPOLearner, GRPOLossConfig
+from olingo.trainer.utils import adam_kernel
 
 
 def default_grpo_optim_fn(actor_lr: float) -> Callable[[torch.nn.Module], tuple]:
-    """AdamW at a constant learning rate over the actor's trainable tensors (no schedule)."""
+    """AdamW (the fused kernel where it applies, as `implementation: auto`) at a constant learning
+    rate over the actor's trainable tensors (no schedule)."""
 
     def build(actor: torch.nn.Module) -> tuple:
-        return torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=actor_lr), None
+        params = [p for p in actor.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=actor_lr, **adam_kernel(params)), None
 
     return build
 

@@ -20,17 +20,21 @@ from olingo.booster import Booster, SingleProcessPlugin
 from olingo.ray.detached_trainer_base import TRAINER_CONCURRENCY, DetachedTrainer
 from olingo.trainer.callbacks import Callback
 from olingo.trainer.ppo_learner import PPOLearner, PPOLossConfig
+from olingo.trainer.utils import adam_kernel
 
 
 def default_optim_fn(actor_lr: float, critic_lr: float) -> Callable[[torch.nn.Module, torch.nn.Module], tuple]:
-    """AdamW at constant learning rates for both models (no schedules), over trainable tensors
-    only (under LoRA the frozen base stays out of the optimizer)."""
+    """AdamW (the fused kernel where it applies, as `implementation: auto`) at constant learning
+    rates for both models (no schedules), over trainable tensors only (under LoRA the frozen base
+    stays out of the optimizer)."""
 
     def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
         return [p for p in model.parameters() if p.requires_grad]
 
     def build(actor: torch.nn.Module, critic: torch.nn.Module) -> tuple:
-        return torch.optim.AdamW(trainable(actor), lr=actor_lr), torch.optim.AdamW(trainable(critic), lr=critic_lr), None, None
+        actor_params, critic_params = trainable(actor), trainable(critic)
+        return (torch.optim.AdamW(actor_params, lr=actor_lr, **adam_kernel(actor_params)),
+                torch.optim.AdamW(critic_params, lr=critic_lr, **adam_kernel(critic_params)), None, None)
 
     return build
 

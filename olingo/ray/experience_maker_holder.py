@@ -3,8 +3,8 @@
 Each holder builds its own models (`model_fn`) and runs the same experience maker as the
 single-process trainer: by default PPO's `PPOExperienceMaker` on actor, critic, reward and
 reference; with `making=GroupMaking(...)` the GRPO family's `GroupExperienceMaker` on actor,
-reward and (only with a KL term) reference, sending whole groups with their advantages
-(`olingo.ray.making`). Its working loop, as the hooks see it:
+reward, (only with a KL term) reference and (only with on-policy distillation) teacher, sending
+whole groups with their advantages (`olingo.ray.making`). Its working loop, as the hooks see it:
 
     on_loop_start()
     until told to stop (or `num_steps` batches):
@@ -61,7 +61,8 @@ class ExperienceMakerHolder:
     Args:
         detached_trainer_name_list: names of the trainer actors to feed.
         model_fn: () -> the models `making` builds on, inside the actor: (actor, critic,
-            reward_model, initial_model) for PPO, (actor, reward, reference or None) for groups.
+            reward_model, initial_model) for PPO, (actor, reward, reference or None) for groups,
+            with a fourth, the frozen teacher, for on-policy distillation.
         tokenizer_fn: () -> tokenizer (left padding for prompts).
         dataloader_fn: () -> DataLoader of prompt batches (input_ids, attention_mask, gt_answer).
         kl_coef: PPO: initial KL coefficient of the maker's reward (None: `experience_config`'s).

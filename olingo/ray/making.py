@@ -9,10 +9,11 @@ is given (pickled on the driver, `build` called inside the actor):
     state_dict(maker) / load_state_dict(maker, state)          what a checkpoint keeps of the maker
 
 `PPOMaking` (the default) builds `PPOExperienceMaker` over (actor, critic, reward, reference).
-`GroupMaking` builds `GroupExperienceMaker` over (actor, reward, reference or None) for the GRPO
-family: each prompt batch becomes whole groups of G rows, contiguous, with their advantages
-already computed, so a trainer may split the rows as it likes. Both make a batch with the maker's
-own `collect`, the step the local `OnlineTrainer` runs.
+`GroupMaking` builds `GroupExperienceMaker` over (actor, reward, reference or None), plus the
+frozen teacher with on-policy distillation, for the GRPO family: each prompt batch becomes whole
+groups of G rows, contiguous, with their advantages already computed, so a trainer may split the
+rows as it likes. Both make a batch with the maker's own `collect`, the step the local
+`OnlineTrainer` runs.
 With an `environment` section (the recipes' `environment:`, docs/agents.md) each maker builds
 its own `MultiTurnSource` on its own engine: its responses are multi-turn episodes, as in a
 local run, and the episode metrics ride in the batch's `info` to the trainer.
@@ -100,7 +101,9 @@ class PPOMaking:
 
 
 class GroupMaking:
-    """GRPO-family experience: `GroupExperienceMaker` over (actor, reward, reference or None).
+    """GRPO-family experience: `GroupExperienceMaker` over (actor, reward, reference or None), or
+    (actor, reward, reference or None, teacher) with on-policy distillation (`distill_coef` > 0):
+    the frozen teacher, loaded by the maker like the reference, scores the maker's own rollouts.
 
     Per prompt batch of B prompts: B x G rollouts (`sample`), and with DAPO's dynamic sampling
     (`config.dynamic_sampling`) only the groups whose scores differ, drawing up to
@@ -126,12 +129,13 @@ class GroupMaking:
         self.counts: dict[str, float] = {"sampled_groups": 0, "kept_groups": 0} if config.dynamic_sampling else {}
 
     def build(self, models: tuple, tokenizer: Any, generation: GenerationSettings, engine_fn: EngineFn | None) -> GroupExperienceMaker:
-        actor, reward, reference = models
+        actor, reward, reference = models[:3]
+        teacher = models[3] if len(models) > 3 else None  # no fourth model: no distillation
         engine = engine_fn(actor, tokenizer) if engine_fn is not None else None
         maker = GroupExperienceMaker(
             actor.eval(), reward, reference, tokenizer, config=self.config, generation=generation, engine=engine,
             needs_old_log_probs=self.needs_old_log_probs, source=episode_source(self.environment, engine, actor, tokenizer, split_rows=self.packing),
-            packing=self.packing,
+            packing=self.packing, teacher=teacher,
         )
         maker.carry_engine_log_probs = self.carry_engine_log_probs
         return maker

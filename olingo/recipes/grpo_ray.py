@@ -1,11 +1,13 @@
 """`olingo grpo` with `ray.enabled: true`: the GRPO family with group makers and the trainer as Ray actors.
 
 The recipe, top to bottom (`run_grpo_ray`):
-    1. check the config, seed, check the run directory and the checkpoint to resume
+    1. check the config, seed, check the run directory and the checkpoint to resume; with a
+       distillation teacher, that it shares the actor's tokenizer (`check_teacher_tokenizer`)
     2. join the Ray cluster named by `ray.address` / $RAY_ADDRESS, or start a local instance
     3. create `ray.num_makers` ExperienceMakerHolder actors making whole groups (`GroupMaking`):
-       each loads its own policy, reward and, only when experience.kl_coef > 0, reference, and
-       its own shuffle of the prompts; advantages are computed there, per prompt batch; with an
+       each loads its own policy, reward, only when experience.kl_coef > 0 the reference and,
+       only when experience.distill_coef > 0, the frozen teacher (`load_teacher`), and its own
+       shuffle of the prompts; advantages are computed there, per prompt batch; with an
        `environment:` named, each runs its own multi-turn episodes (docs/agents.md)
     4. create the DetachedGRPOTrainer actor (the policy and its optimizer; no critic, no
        reference; loggers and checkpoints in the run directory); resume when asked; write the
@@ -42,6 +44,7 @@ from olingo.recipes.common import (
     optimizer_and_schedule,
     resolve_model_path,
 )
+from olingo.recipes.grpo import check_teacher_tokenizer, load_teacher
 from olingo.recipes.grpo_config import GRPOConfig, check_grpo_config
 from olingo.recipes.online_config import source_section
 from olingo.recipes.ray_run import RayAlgorithm, open_run, optimizer_steps, run_on_ray
@@ -56,7 +59,9 @@ class GRPOModelsFn:
     """Builds the actor for the trainer (`reward` None), or (actor, reward, reference or None)
     for a maker: the reference only when `reference` is set (experience.kl_coef > 0), or with
     `reference_is_base` the maker's LoRA actor with its adapters disabled (no second copy; only
-    adapters are synced into a maker, so its base stays the start model)."""
+    adapters are synced into a maker, so its base stays the start model). With `teacher` set
+    (experience.distill_coef > 0) a maker gets (actor, reward, reference or None, teacher): the
+    frozen teacher of on-policy distillation, loaded as single-process GRPO loads it (`load_teacher`)."""
 
     actor: str
     tokenizer: str
@@ -68,6 +73,7 @@ class GRPOModelsFn:
     gradient_checkpointing: bool = False  # the trainer's actor
     reference_is_base: bool = False  # makers with a KL term, LoRA and no model.reference
     chat_template: str | None = None  # model.chat_template
+    teacher: str | None = None  # makers with on-policy distillation only (experience.distill_coef > 0)
 
     def __call__(self) -> Any:
         load = dict(dtype=self.dtype, trust_remote_code=self.trust_remote_code)
@@ -84,7 +90,9 @@ class GRPOModelsFn:
         reference = load_causal_lm(self.reference, **load).eval().requires_grad_(False) if self.reference is not None else None
         if self.reference_is_base:
             reference = AdaptersDisabled(actor)
-        return actor, reward, reference
+        if self.teacher is None:
+            return actor, reward, reference
+        return actor, reward, reference, load_teacher(self.teacher, tokenizer, load, "cpu")  # `models_on` moves it with the others
 
 
 @dataclass
@@ -111,8 +119,6 @@ def check_ray_config(cfg: GRPOConfig) -> None:
         problems.append("loop.buffer_limit must be 0 (the trainer's buffer is bounded by ray.buffer_limit, in training batches)")
     if cfg.plugin.name != "single":
         problems.append("plugin.name must be 'single' (each Ray actor is one process)")
-    if cfg.model.teacher is not None:
-        problems.append("model.teacher must be unset (on-policy distillation is not supported on Ray yet)")
     if problems:
         raise ConfigError("ray.enabled: " + "; ".join(problems))
     if loop.eval_interval:  # the packaged config sets it; refusing would break `olingo grpo ray.enabled=true`
@@ -136,16 +142,18 @@ def needs_old_log_probs(cfg: GRPOConfig) -> bool:
 
 def maker_models(cfg: GRPOConfig) -> GRPOModelsFn:
     """A maker's models: the policy, the reward (functions and/or a reward model, as in
-    `load_reward`) and the frozen reference only when the KL term needs it (with LoRA and no
-    `model.reference`: the maker's actor with its adapters disabled)."""
+    `load_reward`), the frozen reference only when the KL term needs it (with LoRA and no
+    `model.reference`: the maker's actor with its adapters disabled) and the frozen teacher only
+    with on-policy distillation (experience.distill_coef > 0)."""
     m, rc = cfg.model, cfg.reward
     actor = resolve_model_path(m.actor, m.gguf_file)
     reward = rc.model_copy(update={"model": resolve_model_path(rc.model) if rc.model else None, "judge": rc.judge.resolved()})
     kl = cfg.experience.kl_coef > 0
     base = kl and m.lora.enabled and not m.reference  # the actor with adapters disabled
     reference = (resolve_model_path(m.reference) if m.reference else actor) if kl and not base else None
+    teacher = resolve_model_path(m.teacher) if m.teacher is not None and cfg.experience.distill_coef > 0 else None
     return GRPOModelsFn(actor, resolve_model_path(m.tokenizer) if m.tokenizer else actor, reward, reference, m.dtype, m.trust_remote_code, m.lora,
-                        reference_is_base=base, chat_template=m.chat_template)
+                        reference_is_base=base, chat_template=m.chat_template, teacher=teacher)
 
 
 def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict:
@@ -158,9 +166,12 @@ def run_grpo_ray(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = ()) -> dict
     loop, m = cfg.loop, cfg.model
     run_dir, checkpoint = open_run(cfg, {
         "model.actor": m.actor, "model.reference": m.reference, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model,
+        "model.teacher": m.teacher,
     })
     batches = episode_batches(cfg)
     models = maker_models(cfg)
+    if models.teacher is not None:  # here, before any actor starts: a one-line error, not one from every maker
+        check_teacher_tokenizer(load_tokenizer(models.teacher), load_tokenizer(models.tokenizer, chat_template=m.chat_template))
 
     # 2-7. makers making whole groups with their advantages; the GRPO trainer (the policy only),
     # one optimizer step per buffer batch of accumulation_steps micro-batches

@@ -1,4 +1,4 @@
-"""Seeding, RNG snapshots and step arithmetic shared by every trainer."""
+"""Seeding, RNG snapshots, step arithmetic and the AdamW kernel choice shared by every trainer."""
 
 from __future__ import annotations
 
@@ -43,3 +43,15 @@ def optimizer_steps_per_epoch(num_batches: int, accumulation_steps: int) -> int:
     if accumulation_steps < 1:
         raise ValueError("accumulation_steps must be >= 1")
     return math.ceil(num_batches / accumulation_steps)
+
+
+def adam_kernel(params: list[torch.Tensor], implementation: str = "auto") -> dict[str, bool]:
+    """torch.optim.AdamW's kernel keywords for `implementation` (`OptimizerConfig.implementation`).
+    torch's own default on CPU is the per-tensor loop (foreach is CUDA-only by default), several
+    times slower than its fused kernel, which steps every parameter in one call and supports CPU
+    and CUDA float tensors (torch >= 2.4): "auto" takes it wherever every parameter is such a
+    tensor (FSDP2's DTensors included)."""
+    if implementation == "auto":
+        fusable = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+        return {"fused": True} if fusable else {}
+    return {"torch": {}, "fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[implementation]
