@@ -22,6 +22,8 @@ async def retry_arithmetic(task: dict, client: Any) -> float:
     messages = list(task["messages"])
     for attempt in (1, 2):
         reply = await client.chat.completions.create(model=MODEL, messages=messages)
+        if reply.choices[0].finish_reason == "length":  # cut off mid-answer: the environment ends such an episode, unscored
+            return 0.0
         answer = (reply.choices[0].message.content or "").strip()
         if answer == str(task["gt_answer"]).strip():
             return 1.0 if attempt == 1 else 0.5
