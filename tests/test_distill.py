@@ -66,10 +66,23 @@ def test_a_teacher_with_another_vocabulary_is_one_line_naming_model_teacher():
     ({"model": {"teacher": "t"}}, "model.teacher and experience.distill_coef > 0 come together"),
     ({"model": {"teacher": "t"}, "experience": {"distill_coef": 1.0, "dynamic_sampling": True}, "reward": {"functions": {}}},
      "experience.dynamic_sampling drops groups"),
+    *[({"model": {"teacher": "t", "teacher_engine": "vllm"}, "experience": {"distill_coef": 1.0}, **extra}, message) for extra, message in [
+        ({"generation": {"engine": "vllm"}}, "teacher_engine=vllm needs generation.engine=hf: two in-process vLLM engines"),
+        ({"ray": {"enabled": True}}, "teacher_engine=vllm runs in one process"),
+        ({"generation": {"temperature": 0.7}}, r"scores at temperature 1 only .*: generation.temperature=0.7, loop.eval_temperature=None"),
+        ({"loop": {"eval_temperature": 0.5}}, r"scores at temperature 1 only .*: generation.temperature=1.0, loop.eval_temperature=0.5"),
+    ]],
 ])
 def test_distillation_config_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
         GRPOConfig.model_validate(overrides)
+
+
+def test_a_teacher_engine_takes_greedy_decoding_at_any_temperature():
+    """Greedy log-probs are taken at temperature 1 whatever the temperature says (`log_prob_temperature`)."""
+    cfg = GRPOConfig.model_validate({"model": {"teacher": "t", "teacher_engine": "vllm"}, "experience": {"distill_coef": 1.0},
+                                     "generation": {"do_sample": False, "temperature": 0.7}, "loop": {"eval_temperature": 0.5}})
+    assert cfg.model.teacher_engine == "vllm"
 
 
 def test_distillation_alone_needs_no_reward_and_ray_takes_a_teacher():

@@ -69,6 +69,22 @@ class RolloutEngine(Protocol):
         ...
 
 
+@runtime_checkable
+class ScoringEngine(Protocol):
+    """An engine that scores given token ids instead of sampling them (`VLLMEngine.score`): what
+    a teacher of on-policy distillation served on its own engine provides (`model.teacher_engine`)."""
+
+    def score(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """log p(token | the row's tokens before it) at temperature 1 for the last `num_actions`
+        columns of rollout rows in the shared layout: (B, num_actions) float, 0 at padding and at
+        the first token of a segment (`position_ids` restart at 0 there)."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine's resources."""
+        ...
+
+
 def repeat_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each prompt row `n` times in a row (prompt-major order), for `n` samples per prompt."""
     if n < 1:

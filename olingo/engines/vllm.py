@@ -61,9 +61,27 @@ from olingo.engines.vllm_weights import (
 )
 
 # VLLMSettings lives in vllm_settings.py; it stays importable from here (olingo.engines and the recipes import it).
-__all__ = ["VLLMEngine", "VLLMSettings", "check_response_ends", "prompt_token_lists", "responses_from_outputs"]
+__all__ = ["VLLMEngine", "VLLMSettings", "check_response_ends", "prompt_token_lists", "responses_from_outputs", "score_requests"]
 
 _SEED_BOUND = 2**31 - 1
+
+
+def score_requests(
+    sequences: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None,
+) -> tuple[list[list[int]], list[tuple[int, torch.Tensor]]]:
+    """The prompts `VLLMEngine.score` sends: each row's attended tokens, split where its position
+    ids restart at 0; beside each, (row, the columns its tokens came from)."""
+    rows, spans = [], []
+    for b in range(sequences.shape[0]):
+        columns = attention_mask[b].nonzero().squeeze(1).cpu()
+        starts = [0]
+        if position_ids is not None:
+            starts = (position_ids[b].cpu()[columns] == 0).nonzero().squeeze(1).tolist() or [0]
+            starts = starts if starts[0] == 0 else [0, *starts]
+        for start, end in zip(starts, [*starts[1:], len(columns)], strict=True):
+            rows.append(sequences[b, columns[start:end]].tolist())
+            spans.append((b, columns[start:end]))
+    return rows, spans
 
 
 class VLLMEngine:
@@ -134,6 +152,36 @@ class VLLMEngine:
         rollout = rollout_from_responses(input_ids, attention_mask, responses.to(device), self.tokenizer, settings, log_probs.to(device))
         check_response_ends(rollout, lengths, settings)
         return rollout
+
+    def score(self, sequences: torch.Tensor, attention_mask: torch.Tensor, num_actions: int, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The `ScoringEngine` method: log p of each of the last `num_actions` columns' tokens
+        given the row's tokens before it, at temperature 1: (B, num_actions) float32.
+
+        sequences, attention_mask: (B, L) rollout rows in the shared layout (left-padded prompt,
+        right-padded response; environment tokens inside a multi-turn response are attended).
+        position_ids: (B, L) or None; where they restart at 0 a new segment begins (a template
+        split), scored as a prompt of its own. Each row's (segment's) attended tokens go to vLLM
+        as one prompt with `prompt_logprobs=0` and one greedy token to generate; vLLM returns the
+        log-softmax of the raw logits at every prompt token but the first, which is why the
+        temperature is 1 (vLLM applies no temperature to prompt log-probs). 0 at padding and at
+        a segment's first token (never a sampled token).
+        """
+        self._check_usable("score")
+        from vllm import SamplingParams
+
+        rows, spans = score_requests(sequences, attention_mask, position_ids)
+        too_long = max((len(r) for r in rows), default=0)
+        if too_long + 1 > self._max_model_len:
+            raise ValueError(f"a row of {too_long} tokens does not fit the scoring engine's max_model_len ({self._max_model_len}); "
+                             "raise generation.vllm.max_model_len")
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        with vllm_rng(self.device):
+            outputs = self._llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
+        full = torch.zeros(sequences.shape, dtype=torch.float32)
+        for (b, columns), tokens, output in zip(spans, rows, outputs, strict=True):
+            values = [entry[token].logprob for entry, token in zip(output.prompt_logprobs[1:], tokens[1:], strict=True)]
+            full[b, columns[1:]] = torch.tensor(values, dtype=torch.float32)
+        return full[:, -num_actions:].to(sequences.device)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, full: bool = True) -> int:
         """Load the policy's weights, under the checkpoint's Hugging Face names; returns how many.

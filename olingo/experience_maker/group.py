@@ -6,7 +6,8 @@ One collect step of the GRPO family, as the algorithm reads (Shao et al. 2024; D
     2. log pi_old of the response tokens, only when a learner step will need it (several
        updates per batch, or the KL in the reward); log pi_ref only with a reference model
        (kl_coef > 0); log pi_teacher (and then always log pi_old) only with a distillation
-       teacher; every forward chunked by `logits_forward_batch_size`
+       teacher (a frozen model here, or its own engine: `ScoringEngine`); every forward chunked
+       by `logits_forward_batch_size`
     3. the sequence score (reward functions and/or a reward model) plus DAPO's soft overlong
        punishment
     -> `sample` returns the batch without advantages: dynamic sampling may still drop groups
@@ -33,7 +34,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from olingo.config import StrictModel
-from olingo.engines import GenerationSettings, HFEngine, RolloutEngine
+from olingo.engines import GenerationSettings, HFEngine, RolloutEngine, ScoringEngine
 from olingo.experience_maker.advantages import (
     AdvantageInputs,
     GroupEstimator,
@@ -126,11 +127,12 @@ def check_reference(kl_coef: float, reference: nn.Module | None) -> None:
         raise ValueError(f"kl_coef={kl_coef} needs a reference model (initial_model, model.reference); pass one, or set kl_coef=0")
 
 
-def check_teacher(distill_coef: float, teacher: nn.Module | None) -> nn.Module | None:
-    """On-policy distillation (distill_coef > 0) needs a teacher; the teacher comes back frozen."""
+def check_teacher(distill_coef: float, teacher: nn.Module | ScoringEngine | None) -> nn.Module | ScoringEngine | None:
+    """On-policy distillation (distill_coef > 0) needs a teacher; a teacher model comes back frozen
+    (an engine's weights are its own and never trained)."""
     if distill_coef > 0 and teacher is None:
         raise ValueError(f"experience.distill_coef={distill_coef} needs a teacher model (model.teacher); pass one, or set distill_coef=0")
-    return teacher.eval().requires_grad_(False) if teacher is not None else None
+    return teacher.eval().requires_grad_(False) if isinstance(teacher, nn.Module) else teacher
 
 
 class GroupExperienceMaker(SourceBacked):
@@ -150,14 +152,16 @@ class GroupExperienceMaker(SourceBacked):
         packing: the actor's, the reference's and a reward model's forwards over the rollouts
             run padding-free (`olingo.models.packing`, docs/packing.md; `model.packing`).
         teacher: the frozen teacher of on-policy distillation (`distill_coef`), sharing the
-            actor's tokenizer, or None; with one, log pi_old is always computed.
+            actor's tokenizer, or None; with one, log pi_old is always computed. A model is run
+            here like the reference; a `ScoringEngine` (a vLLM engine of its own,
+            `model.teacher_engine`) scores the rows itself, at temperature 1 only.
     """
 
     def __init__(
         self, actor: nn.Module, reward: nn.Module | CompositeReward, reference: nn.Module | None, tokenizer: Any, *,
         config: GroupExperienceConfig | None = None, generation: GenerationSettings | None = None, engine: RolloutEngine | None = None,
         source: RolloutSource | None = None, needs_old_log_probs: bool = True, all_reduce_sum: AllReduceSum | None = None,
-        packing: bool = True, teacher: nn.Module | None = None,
+        packing: bool = True, teacher: nn.Module | ScoringEngine | None = None,
     ) -> None:
         self.config = config or GroupExperienceConfig()
         check_reference(self.config.kl_coef, reference)
@@ -215,11 +219,19 @@ class GroupExperienceMaker(SourceBacked):
         log_probs, ref_log_probs = policy.old(self.config.old_logprobs), None
         if self.reference is not None:
             ref_log_probs = self._log_probs(self.reference, rollout, temperature).to(device)
-        teacher_log_probs = self._log_probs(self.teacher, rollout, temperature).to(device) if self.teacher is not None else None
+        teacher_log_probs = self._teacher_log_probs(rollout, temperature).to(device) if self.teacher is not None else None
         scored = score_rollout(self.reward, self.tokenizer, prompts.input_ids, rollout, prompts.gt_answers, prompts.row_fields, log_probs, ref_log_probs,
                               packing=self.packing)
         scored = dataclasses.replace(scored, teacher_log_probs=teacher_log_probs)
         return dataclasses.replace(add_source_reward(scored, sampled), engine_log_probs=policy.engine, engine_info=policy.info)
+
+    def _teacher_log_probs(self, rollout: Any, temperature: float) -> torch.Tensor:
+        """log pi_teacher(response tokens): (B, A), from the teacher model or its engine."""
+        if isinstance(self.teacher, nn.Module):
+            return self._log_probs(self.teacher, rollout, temperature)
+        if temperature != 1.0:  # the recipe's config check says this first, naming the settings
+            raise ValueError(f"a teacher engine scores at temperature 1 only, and these log-probs are taken at {temperature}")
+        return self.teacher.score(rollout.sequences, rollout.attention_mask, rollout.num_actions, rollout.position_ids)
 
     def _log_probs(self, model: nn.Module, rollout: Any, temperature: float) -> torch.Tensor:
         """log pi(response tokens) under `model`, `logits_forward_batch_size` rows at a time: (B, A)."""

@@ -416,11 +416,12 @@ def build_rollout_engine(kind: str, settings: Any, model_path: str, tokenizer: A
     return VLLMEngine(resolve_model_path(model_path, gguf_file), tokenizer, settings, device=device)
 
 
-def check_engine_config(engine: str, plugin: Any, ray_enabled: bool) -> None:
-    """A vLLM engine lives in the training process: one process only (Ray makers each have theirs)."""
+def check_engine_config(engine: str, plugin: Any, ray_enabled: bool, key: str = "generation.engine") -> None:
+    """A vLLM engine lives in the training process: one process only (Ray makers each have theirs).
+    `key`: the setting that named the engine (`model.teacher_engine` for a distillation teacher)."""
     if engine == "vllm" and not ray_enabled and plugin.coordinator.world_size > 1:
         raise ConfigError(
-            "generation.engine: vllm runs one in-process vLLM engine, which cannot share a process with DDP/FSDP "
+            f"{key}: vllm runs one in-process vLLM engine, which cannot share a process with DDP/FSDP "
             f"ranks ({plugin.coordinator.world_size} processes here); train in one process, or set ray.enabled so that each "
             "rollout maker has its own engine"
         )

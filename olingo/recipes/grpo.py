@@ -5,7 +5,8 @@ The recipe, top to bottom (`run_grpo`):
        check the run directory and the checkpoint to resume
     2. load the tokenizer, the policy, the reward and, only when experience.kl_coef > 0, the
        frozen reference (with LoRA: the policy with its adapters disabled; no critic exists); with
-       experience.distill_coef > 0 the frozen teacher of on-policy distillation (`load_teacher`)
+       experience.distill_coef > 0 the frozen teacher of on-policy distillation (`load_teacher`;
+       with model.teacher_engine=vllm a vLLM engine of its own, `start_teacher_engine`)
     3. load and validate prompts (and pretrain rows for the ptx loss); sharded loaders
     4. optimizer and schedule sized in optimizer steps; boost; the trainer
     5. resume if asked, write the run directory, fit, report held-out metrics
@@ -20,8 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
 from olingo.config import ConfigError
+from olingo.engines import ScoringEngine, VLLMSettings
 from olingo.experience_maker.group import GroupExperienceMaker
 from olingo.models import load_causal_lm, load_tokenizer, name_stop_tokens, stop_token_ids
 from olingo.models.lora import AdaptersDisabled
@@ -56,12 +59,13 @@ class GRPOModels:
     reward: Any
     reference: torch.nn.Module | None
     stop_token_ids: list[int]  # where responses end (the tokenizer's and the policy's eos ids)
-    teacher: torch.nn.Module | None = None  # on-policy distillation's frozen teacher (experience.distill_coef > 0)
+    teacher: torch.nn.Module | ScoringEngine | None = None  # on-policy distillation's frozen teacher (experience.distill_coef > 0)
 
 
-def load_models(cfg: GRPOConfig, inference_device: torch.device | str) -> GRPOModels:
+def load_models(cfg: GRPOConfig, inference_device: torch.device | str, engine_device: torch.device | str = "cpu") -> GRPOModels:
     """Policy (LoRA when asked), reward, and the reference only when the KL term needs it: with
-    LoRA and no `model.reference`, the policy itself with its adapters disabled."""
+    LoRA and no `model.reference`, the policy itself with its adapters disabled. A teacher engine
+    (`model.teacher_engine=vllm`) starts on `engine_device`, where the policy trains."""
     m = cfg.model
     check_model_paths({"model.actor": m.actor, "model.reference": m.reference, "model.tokenizer": m.tokenizer, "reward.model": cfg.reward.model,
                        "model.teacher": m.teacher})
@@ -76,7 +80,11 @@ def load_models(cfg: GRPOConfig, inference_device: torch.device | str) -> GRPOMo
         reference = AdaptersDisabled(actor)  # the base the adapters start from: no second copy
     elif cfg.experience.kl_coef > 0:
         reference = load_causal_lm(resolve_model_path(m.reference) if m.reference else source, **load).eval().requires_grad_(False).to(inference_device)
-    teacher = load_teacher(m.teacher, tokenizer, load, inference_device) if cfg.experience.distill_coef > 0 else None
+    teacher = None
+    if cfg.experience.distill_coef > 0 and m.teacher_engine == "vllm":
+        teacher = start_teacher_engine(m.teacher, tokenizer, cfg.generation.vllm, engine_device)
+    elif cfg.experience.distill_coef > 0:
+        teacher = load_teacher(m.teacher, tokenizer, load, inference_device)
     reward = load_reward(cfg.reward, tokenizer, m.dtype, m.trust_remote_code, device=inference_device)  # device: where a judge generates
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(actor)
@@ -95,6 +103,19 @@ def load_teacher(path: str, tokenizer: Any, load: dict[str, Any], device: torch.
     if vocab_size is not None and vocab_size < len(tokenizer):
         raise ConfigError(f"model.teacher {path}: its vocab_size ({vocab_size}) does not cover the actor's tokenizer ({len(tokenizer)} tokens)")
     return teacher.eval().requires_grad_(False).to(device)
+
+
+def start_teacher_engine(path: str, tokenizer: Any, settings: VLLMSettings, device: torch.device | str) -> ScoringEngine:
+    """The teacher on a vLLM engine of its own (`VLLMEngine.score`), after the checks `load_teacher`
+    makes: the actor's vocabulary, and logits over every one of its ids."""
+    source = resolve_model_path(path)
+    check_teacher_tokenizer(load_tokenizer(source), tokenizer)
+    vocab_size = getattr(AutoConfig.from_pretrained(source), "vocab_size", None)
+    if vocab_size is not None and vocab_size < len(tokenizer):
+        raise ConfigError(f"model.teacher {path}: its vocab_size ({vocab_size}) does not cover the actor's tokenizer ({len(tokenizer)} tokens)")
+    from olingo.engines.vllm import VLLMEngine  # imports vllm: only when asked for
+
+    return VLLMEngine(source, tokenizer, settings, device=device)
 
 
 def check_teacher_tokenizer(teacher_tokenizer: Any, tokenizer: Any) -> None:
@@ -122,8 +143,9 @@ def build_trainer(cfg: GRPOConfig, setup: RunSetup, models: GRPOModels, callback
         source=environment_source(cfg, sampling.engine, setup.booster.unwrap(actor), models.tokenizer), packing=cfg.model.packing,
         teacher=models.teacher,
     )
+    frozen = (models.reference, models.reward, models.teacher if isinstance(models.teacher, torch.nn.Module) else None)
     learner = GRPOLearner.build(setup.booster, actor, optim, scheduler, cfg.loss, cfg.experience, sampling.generation, packing=cfg.model.packing)
-    return online_trainer(cfg, setup, learner, maker, models.tokenizer, (models.reference, models.reward, models.teacher), sampling.eval_generation, callbacks)
+    return online_trainer(cfg, setup, learner, maker, models.tokenizer, frozen, sampling.eval_generation, callbacks)
 
 
 def run_grpo(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogContext | None = None, evaluators: Sequence[Evaluator] = ()) -> dict:
@@ -139,12 +161,17 @@ def run_grpo(cfg: GRPOConfig, *, callbacks: Sequence[Callback] = (), ctx: LogCon
     # 1. seed, plugin, the run directory and checkpoint to resume (checked; written before fit)
     setup = open_run(cfg.run, cfg.plugin, cfg.actor_optim.max_grad_norm, cfg, cfg.logging)
     check_engine_config(cfg.generation.engine, setup.plugin, ray_enabled=False)
+    check_engine_config(cfg.model.teacher_engine if cfg.experience.distill_coef > 0 else "hf", setup.plugin, ray_enabled=False, key="model.teacher_engine")
     # 2. models: policy, reward, reference only with a KL term
-    models = load_models(cfg, "cpu" if cfg.loop.offload_inference_models else setup.plugin.device)
-    # 3. data, validated before any training
-    data = load_prompt_data(cfg, models.tokenizer, setup.plugin)
-    # 4. optimizer, schedule, the trainer
-    trainer = build_trainer(cfg, setup, models, callbacks)
-    attach_experiment(trainer, ctx, evaluators)
-    # 5. resume, write the run directory, fit
-    return resume_and_fit(trainer, setup, cfg, data)
+    models = load_models(cfg, "cpu" if cfg.loop.offload_inference_models else setup.plugin.device, setup.plugin.device)
+    try:
+        # 3. data, validated before any training
+        data = load_prompt_data(cfg, models.tokenizer, setup.plugin)
+        # 4. optimizer, schedule, the trainer
+        trainer = build_trainer(cfg, setup, models, callbacks)
+        attach_experiment(trainer, ctx, evaluators)
+        # 5. resume, write the run directory, fit
+        return resume_and_fit(trainer, setup, cfg, data)
+    finally:
+        if not isinstance(models.teacher, torch.nn.Module | None):
+            models.teacher.close()  # a teacher engine holds its own copy of the weights and a KV cache

@@ -49,6 +49,12 @@ class GRPOModelConfig(StrictModel):
         description="frozen teacher for on-policy distillation (experience.distill_coef > 0): a causal LM directory, hub id, "
         "GGUF file or builtin: name sharing the actor's tokenizer; not loaded otherwise",
     )
+    teacher_engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="where the teacher scores the samples: hf = a frozen model in the trainer's process (like the reference); "
+        "vllm = an in-process vLLM engine of its own, built with generation.vllm's settings, scoring at temperature 1 only "
+        "(needs generation.engine=hf, one process, no Ray; docs/algorithms.md)",
+    )
     tokenizer: str | None = Field(None, description="tokenizer directory (default: actor)")
     chat_template: str | None = Field(
         None,
@@ -112,6 +118,8 @@ class GRPOConfig(StrictModel):
         distilling = self.experience.distill_coef > 0
         if (self.model.teacher is not None) != distilling:
             raise ValueError("model.teacher and experience.distill_coef > 0 come together (on-policy distillation): set both or neither")
+        if distilling and self.model.teacher_engine == "vllm":
+            check_teacher_engine(self)
         if distilling and not self._has_reward_terms():  # distillation alone: the teacher is the only signal
             if self.experience.dynamic_sampling:
                 raise ValueError("experience.dynamic_sampling drops groups of equal scores, and distillation without reward terms scores all equal")
@@ -122,6 +130,21 @@ class GRPOConfig(StrictModel):
     def _has_reward_terms(self) -> bool:
         r = self.reward
         return r.model is not None or bool(r.functions) or r.judge.enabled or self.environment.name is not None or self.agent.function is not None
+
+
+def check_teacher_engine(cfg: GRPOConfig) -> None:
+    """What a teacher on its own vLLM engine needs: a process without a second vLLM engine and
+    log-probs at temperature 1 (vLLM's prompt log-probs are of the raw logits)."""
+    if cfg.generation.engine == "vllm":
+        raise ValueError("model.teacher_engine=vllm needs generation.engine=hf: two in-process vLLM engines cannot share one process")
+    if cfg.ray.enabled:
+        raise ValueError("model.teacher_engine=vllm runs in one process; with ray.enabled each maker loads the teacher as a model (teacher_engine=hf)")
+    sampled = cfg.generation.temperature if cfg.generation.do_sample else 1.0
+    evaluated = cfg.loop.eval_temperature if cfg.loop.eval_temperature is not None and cfg.generation.do_sample else sampled
+    if sampled != 1.0 or evaluated != 1.0:
+        raise ValueError(f"model.teacher_engine=vllm scores at temperature 1 only (vLLM's prompt log-probs are of the raw logits): "
+                         f"generation.temperature={cfg.generation.temperature}, loop.eval_temperature={cfg.loop.eval_temperature}; "
+                         "use teacher_engine=hf at other temperatures")
 
 
 def check_grpo_config(cfg: GRPOConfig) -> None:
