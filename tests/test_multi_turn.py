@@ -286,6 +286,34 @@ def test_a_step_that_raises_or_times_out_ends_only_its_episode(tok):  # noqa: F8
     assert trajectory(sampled, 0)[-2:] == ids_of(tok, "x")  # the healthy episode went on
 
 
+def test_call_all_keeps_its_threads_nests_and_retires_a_pool_a_call_is_stuck_in():
+    """Calls run on kept pool threads, a call that makes its own `call_all` (a step calling its
+    tools) gets the next depth's pool, and a pool with a call past its timeout is replaced, so
+    the next calls run at once instead of queueing behind the stuck one."""
+    import threading
+
+    from olingo.rollout.environment import _POOLS, EnvFailure, call_all
+
+    def name() -> str:
+        return threading.current_thread().name
+
+    def nested() -> list[str]:
+        return [name(), *call_all([(name, ())], 5.0)]
+
+    first, again = call_all([(name, ())], 5.0), call_all([(name, ())], 5.0)
+    assert first == again and first[0].startswith("olingo-env0")  # the same kept thread, not a new one per call
+    outer, inner = call_all([(nested, ())], 5.0)[0]
+    assert outer.startswith("olingo-env0") and inner.startswith("olingo-env1")
+    release = threading.Event()
+    pool = _POOLS.get(0)
+    stuck = call_all([(release.wait, (10.0,)), (name, ())], 0.2)
+    assert isinstance(stuck[0], EnvFailure) and isinstance(stuck[0].error, TimeoutError) and stuck[1].startswith("olingo-env0")
+    started = time.perf_counter()
+    assert call_all([(name, ())], 5.0)[0].startswith("olingo-env0") and time.perf_counter() - started < 1.0
+    assert _POOLS.get(0) is not pool  # retired: its stuck thread is not in the way
+    release.set()
+
+
 def test_a_step_that_returns_something_else_stops_the_run_naming_the_environment_and_row(tok):  # noqa: F811
     class DictEnv(ScriptedEnv):
         def step(self, assistant: str):

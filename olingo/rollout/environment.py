@@ -260,18 +260,62 @@ def call_all(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float
 
     Returns the results in order; a call that raised or ran past its timeout gives an
     `EnvFailure`. Plain functions run in a thread pool, `async def` ones on an event loop. A
-    plain call past its timeout cannot be stopped: its thread is left to finish on its own
-    (the pool is not waited for), so a step that never returns keeps one thread.
+    plain call past its timeout cannot be stopped: its thread is left to finish on its own, and
+    the pool it holds is retired (no later call waits behind it), so a step that never returns
+    keeps one thread.
+
+    The pools are kept between calls (`_Pools`): starting a thread costs ~50 us, and a run
+    makes a `call_all` per turn, each environment step a nested one for its tools.
     """
     if not calls:
         return []
-    pool = ThreadPoolExecutor(max_workers=min(32, len(calls)), thread_name_prefix="olingo-env")
-    try:
-        if any(inspect.iscoroutinefunction(fn) for fn, _ in calls):
-            return _run_coroutine(_gather(calls, timeout_s, pool))
-        return _threads(calls, timeout_s, pool)
-    finally:
+    depth = getattr(_POOLS.local, "depth", 0)
+    pool = _POOLS.get(depth)
+    calls = [(_at_depth, (depth + 1, fn, args)) if not inspect.iscoroutinefunction(fn) else (fn, args) for fn, args in calls]
+    if any(inspect.iscoroutinefunction(fn) for fn, _ in calls):
+        results = _run_coroutine(_gather(calls, timeout_s, pool))
+    else:
+        results = _threads(calls, timeout_s, pool)
+    if any(isinstance(r, EnvFailure) and isinstance(r.error, TimeoutError | asyncio.TimeoutError) for r in results):
+        _POOLS.retire(depth, pool)
+    return results
+
+
+def _at_depth(depth: int, fn: Callable[..., Any], args: tuple) -> Any:
+    """`fn(*args)` on a pool thread that knows its nesting depth: a `call_all` it makes (an
+    environment step calling its tools) uses the next depth's pool, never waiting on its own."""
+    _POOLS.local.depth = depth
+    return fn(*args)
+
+
+class _Pools:
+    """The thread pools of `call_all`, one per nesting depth, kept for the process.
+
+    A pool grows to as many threads as calls run at once (up to `MAX_WORKERS`) and reuses idle
+    ones. One whose call ran past its timeout is retired: the stuck thread stays with it, and the
+    next `call_all` at that depth gets a fresh pool, so no call ever queues behind a stuck one."""
+
+    MAX_WORKERS = 256
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self._lock = threading.Lock()
+        self._pools: dict[int, ThreadPoolExecutor] = {}
+
+    def get(self, depth: int) -> ThreadPoolExecutor:
+        with self._lock:
+            if depth not in self._pools:
+                self._pools[depth] = ThreadPoolExecutor(max_workers=self.MAX_WORKERS, thread_name_prefix=f"olingo-env{depth}")
+            return self._pools[depth]
+
+    def retire(self, depth: int, pool: ThreadPoolExecutor) -> None:
+        with self._lock:
+            if self._pools.get(depth) is pool:
+                del self._pools[depth]
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+_POOLS = _Pools()
 
 
 def _threads(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float, pool: ThreadPoolExecutor) -> list[Any]:
