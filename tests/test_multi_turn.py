@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import time
 
 import pytest
@@ -288,8 +289,9 @@ def test_a_step_that_raises_or_times_out_ends_only_its_episode(tok):  # noqa: F8
 
 def test_call_all_keeps_its_threads_nests_and_retires_a_pool_a_call_is_stuck_in():
     """Calls run on kept pool threads, a call that makes its own `call_all` (a step calling its
-    tools) gets the next depth's pool, and a pool with a call past its timeout is replaced, so
-    the next calls run at once instead of queueing behind the stuck one."""
+    tools) gets the next depth's pool, a pool with a call past its timeout is replaced, so the
+    next calls run at once instead of queueing behind the stuck one, and a forked child starts
+    pools of its own (it would otherwise queue its calls on the copies, which have no threads)."""
     import threading
 
     from olingo.rollout.environment import _POOLS, EnvFailure, call_all
@@ -312,6 +314,13 @@ def test_call_all_keeps_its_threads_nests_and_retires_a_pool_a_call_is_stuck_in(
     assert call_all([(name, ())], 5.0)[0].startswith("olingo-env0") and time.perf_counter() - started < 1.0
     assert _POOLS.get(0) is not pool  # retired: its stuck thread is not in the way
     release.set()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # a forked child's copies of the pools have no threads: it makes its own
+        os.write(write, call_all([(name, ())], 5.0)[0].encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert os.read(read, 100).decode().startswith("olingo-env0")
 
 
 def test_a_step_that_returns_something_else_stops_the_run_naming_the_environment_and_row(tok):  # noqa: F811

@@ -249,3 +249,56 @@ def test_cispo_run_stopped_mid_episode_resumes_exactly(tmp_path, assets, eval_fi
     assert main([*grpo_args(tmp_path, "straight", assets, eval_file, stop_step=0), *extra]) == 0
     interrupt_and_resume([*grpo_args(tmp_path, "stopped", assets, eval_file, stop_step=3), *extra], capsys)
     assert_same_run(tmp_path / "straight", tmp_path / "stopped", ("actor",))
+
+
+# ---- against a peer: TRL 1.16's per-token losses ----------------------------------------------------
+def trl_per_token_loss(loss_type: str, level: str, logps: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                       eps_low: float, eps_high: float, tau_pos: float = 1.0, tau_neg: float = 1.05) -> torch.Tensor:
+    """TRL 1.16.0's `GRPOTrainer._compute_loss` per-token loss (trl/trainer/grpo_trainer.py, the
+    `importance_sampling_level` and `loss_type` branches), transcribed line for line so that the
+    test runs without TRL installed. advantages: (B, 1), as TRL unsqueezes them."""
+    log_ratio = logps - old
+    if level == "token":
+        log_importance_weights = log_ratio
+    else:
+        log_importance_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    coef_1 = torch.exp(log_importance_weights)
+    if loss_type == "cispo":
+        clamped_ratios = torch.clamp(coef_1, max=eps_high).detach()
+        return -clamped_ratios * advantages * logps
+    if loss_type == "grpo":
+        coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+        return -torch.min(coef_1 * advantages, coef_2 * advantages)
+    temperatures = torch.where(advantages > 0, tau_pos, tau_neg)
+    return -(torch.sigmoid(temperatures * (coef_1 - 1)) * 4 / temperatures) * advantages
+
+
+@pytest.mark.parametrize("objective", ["gspo", "cispo", "sapo"])
+def test_each_objective_equals_trls_per_token_loss_and_its_gradient(objective):
+    """Random rows of uneven lengths, ratios far enough from 1 that clipping and capping happen:
+    the loss of every response token, and the gradient of TRL's `grpo` aggregation (mean over
+    sequences of the token mean) with respect to log pi, agree with TRL's within float32
+    rounding (1e-6; the two differ only in the order of a few float32 operations)."""
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.arange(6)[None] < torch.tensor([6, 3, 5, 1])[:, None]
+    old = -torch.rand(4, 6, generator=gen) * 3
+    logps = (old + torch.randn(4, 6, generator=gen) * 0.4).requires_grad_(True)
+    advantages = torch.tensor([[1.3], [-0.7], [0.4], [-1.1]])
+    token_advantages = advantages.expand(4, 6)
+    trl_type, level = {"gspo": ("grpo", "sequence"), "cispo": ("cispo", "token"), "sapo": ("sapo", "token")}[objective]
+    eps_high = 1.2 if objective == "cispo" else 0.28  # CISPO's cap is TRL's epsilon_high (5 in ScaleRL; 1.2 here, so that it binds)
+    ours = {
+        "gspo": lambda: gspo_surrogate(logps, old, token_advantages, mask, 0.2, eps_high)[0],
+        "cispo": lambda: cispo_loss(logps, old, token_advantages, mask, max_ratio=eps_high)[0],
+        "sapo": lambda: sapo_loss(torch.where(mask, logps - old, torch.zeros_like(logps)), token_advantages, 1.0, 1.05)[0],
+    }[objective]()
+    theirs = trl_per_token_loss(trl_type, level, logps, old, advantages, mask.float(), 0.2, eps_high).expand(4, 6)
+    assert torch.allclose(ours[mask], theirs[mask], **TOL)
+    per_row = lambda loss: ((loss * mask).sum(-1) / mask.sum(-1)).mean()  # noqa: E731 - TRL's `grpo` aggregation
+    (our_grad,) = torch.autograd.grad(per_row(torch.where(mask, ours, torch.zeros_like(ours))), logps)
+    (their_grad,) = torch.autograd.grad(per_row(theirs), logps)
+    assert torch.allclose(our_grad, their_grad, **TOL)
+    assert our_grad[mask].abs().sum() > 0
+    ratios = (logps - old).detach().exp()[mask]
+    sequence = (((logps - old) * mask).sum(-1) / mask.sum(-1)).detach().exp()
+    assert {"gspo": ((sequence < 0.8) | (sequence > 1.28)).any(), "cispo": (ratios > 1.2).any(), "sapo": True}[objective]  # the bounds bind

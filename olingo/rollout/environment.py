@@ -19,6 +19,7 @@ import asyncio
 import functools
 import importlib
 import inspect
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Coroutine, Sequence
@@ -293,7 +294,8 @@ class _Pools:
 
     A pool grows to as many threads as calls run at once (up to `MAX_WORKERS`) and reuses idle
     ones. One whose call ran past its timeout is retired: the stuck thread stays with it, and the
-    next `call_all` at that depth gets a fresh pool, so no call ever queues behind a stuck one."""
+    next `call_all` at that depth gets a fresh pool, so no call ever queues behind a stuck one. A
+    forked child starts with none: its copies of the parent's pools have no threads."""
 
     MAX_WORKERS = 256
 
@@ -314,8 +316,13 @@ class _Pools:
                 del self._pools[depth]
         pool.shutdown(wait=False, cancel_futures=True)
 
+    def forget(self) -> None:
+        """In a forked child: start again with no pools (and a lock no parent thread holds)."""
+        self.local, self._lock, self._pools = threading.local(), threading.Lock(), {}
+
 
 _POOLS = _Pools()
+os.register_at_fork(after_in_child=_POOLS.forget)
 
 
 def _threads(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float, pool: ThreadPoolExecutor) -> list[Any]:
