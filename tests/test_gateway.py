@@ -291,16 +291,15 @@ def test_log_probs_recomputed_on_the_rows_match_the_engines(tok, assets):  # noq
     the same weights and contexts, batched and padded differently (float rounding only)."""
     from olingo.engines import HFEngine
     from olingo.experience_maker.scoring import action_log_probs
-    from olingo.gateway.examples import retry_arithmetic
     from olingo.models import load_causal_lm
 
     torch.manual_seed(0)
     model = load_causal_lm(str(assets.model_dir))
-    source = GatewaySource(HFEngine(model, tok, with_log_probs=True), tok, retry_arithmetic, GatewayLimits(max_new_tokens=6), split_rows=True)
+    source = GatewaySource(HFEngine(model, tok, with_log_probs=True), tok, three_turns, GatewayLimits(max_new_tokens=6), split_rows=True)
     settings = GenerationSettings(max_new_tokens=6, stop_token_ids=[tok.eos_token_id])
     sampled = source.sample(batch_of(tok, ["1+1=", "12+17="], ["2", "29"]), settings, n=2)
     r = sampled.rollout
-    assert sampled.info["requests_per_episode"] == 2.0  # every answer is wrong at first: each episode asks twice
+    assert sampled.info["requests_per_episode"] == 3.0  # each episode asks three times, whether or not a reply was cut
     recomputed = action_log_probs(model, r.sequences, r.attention_mask, r.num_actions, 1.0, packing=True, position_ids=r.position_ids)
     assert torch.allclose(recomputed[r.action_mask], r.log_probs[r.action_mask], atol=1e-4)
 

@@ -49,10 +49,10 @@ COLUMNS = ("accuracy", "tool_use", "valid_calls", "turns")
 
 @dataclass
 class AgentDemoSizes:
-    """How much the demo does; the defaults fit about 20 minutes on an idle 2-core CPU."""
+    """How much the demo does; the defaults took 50 minutes on one thread of a 2-core CPU beside another job."""
 
     sft_conversations: int = 32  # synthetic tool-use conversations for the warm-up (2 epochs)
-    train_prompts: int = 24  # GRPO prompts: loop.episodes x loop.rollout_batch_size of grpo_agent_smollm2.yaml
+    train_prompts: int = 48  # GRPO prompts: loop.episodes x loop.rollout_batch_size of grpo_agent_smollm2.yaml
     eval_prompts: int = 32  # held-out problems, one greedy episode each
     eval_batch_size: int = 16
 
