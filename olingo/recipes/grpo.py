@@ -99,9 +99,7 @@ def load_teacher(path: str, tokenizer: Any, load: dict[str, Any], device: torch.
     source = resolve_model_path(path)
     check_teacher_tokenizer(load_tokenizer(source), tokenizer)
     teacher = load_causal_lm(source, **load)
-    vocab_size = getattr(teacher.config, "vocab_size", None)
-    if vocab_size is not None and vocab_size < len(tokenizer):
-        raise ConfigError(f"model.teacher {path}: its vocab_size ({vocab_size}) does not cover the actor's tokenizer ({len(tokenizer)} tokens)")
+    check_teacher_vocab(path, getattr(teacher.config, "vocab_size", None), tokenizer)
     return teacher.eval().requires_grad_(False).to(device)
 
 
@@ -110,12 +108,16 @@ def start_teacher_engine(path: str, tokenizer: Any, settings: VLLMSettings, devi
     makes: the actor's vocabulary, and logits over every one of its ids."""
     source = resolve_model_path(path)
     check_teacher_tokenizer(load_tokenizer(source), tokenizer)
-    vocab_size = getattr(AutoConfig.from_pretrained(source), "vocab_size", None)
-    if vocab_size is not None and vocab_size < len(tokenizer):
-        raise ConfigError(f"model.teacher {path}: its vocab_size ({vocab_size}) does not cover the actor's tokenizer ({len(tokenizer)} tokens)")
+    check_teacher_vocab(path, getattr(AutoConfig.from_pretrained(source), "vocab_size", None), tokenizer)
     from olingo.engines.vllm import VLLMEngine  # imports vllm: only when asked for
 
     return VLLMEngine(source, tokenizer, settings, device=device)
+
+
+def check_teacher_vocab(path: str, vocab_size: int | None, tokenizer: Any) -> None:
+    """A one-line error unless the teacher's logits cover every id of the actor's tokenizer."""
+    if vocab_size is not None and vocab_size < len(tokenizer):
+        raise ConfigError(f"model.teacher {path}: its vocab_size ({vocab_size}) does not cover the actor's tokenizer ({len(tokenizer)} tokens)")
 
 
 def check_teacher_tokenizer(teacher_tokenizer: Any, tokenizer: Any) -> None:

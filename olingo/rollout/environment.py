@@ -272,11 +272,9 @@ def call_all(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float
         return []
     depth = getattr(_POOLS.local, "depth", 0)
     pool = _POOLS.get(depth)
-    calls = [(_at_depth, (depth + 1, fn, args)) if not inspect.iscoroutinefunction(fn) else (fn, args) for fn, args in calls]
-    if any(inspect.iscoroutinefunction(fn) for fn, _ in calls):
-        results = _run_coroutine(_gather(calls, timeout_s, pool))
-    else:
-        results = _threads(calls, timeout_s, pool)
+    has_async = any(inspect.iscoroutinefunction(fn) for fn, _ in calls)
+    calls = [(fn, args) if inspect.iscoroutinefunction(fn) else (_at_depth, (depth + 1, fn, args)) for fn, args in calls]
+    results = _run_coroutine(_gather(calls, timeout_s, pool)) if has_async else _threads(calls, timeout_s, pool)
     if any(isinstance(r, EnvFailure) and isinstance(r.error, TimeoutError | asyncio.TimeoutError) for r in results):
         _POOLS.retire(depth, pool)
     return results
