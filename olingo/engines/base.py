@@ -27,14 +27,24 @@ and the attributes
     can_sleep
         Whether `sleep` frees anything.
 
+and optionally
+
+    keep_prefixes()
+        A context manager: inside it, a `generate` call whose prompts extend the previous call's
+        rows continues from that call's KV cache instead of prefilling them again (`HFEngine`;
+        olingo/engines/prefixes.py). A multi-turn source runs its turns inside it
+        (`keeping_prefixes`).
+
 A trainer never calls `generate` on a model; it asks its engine. `tests/test_engines.py` holds
 every engine to the layout contract.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -92,3 +102,21 @@ def repeat_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int
     if n == 1:
         return input_ids, attention_mask
     return input_ids.repeat_interleave(n, dim=0), attention_mask.repeat_interleave(n, dim=0)
+
+
+def left_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids, attention_mask), both (len(rows), longest) long, padded on the left."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for j, r in enumerate(rows):
+        ids[j, width - len(r):], mask[j, width - len(r):] = torch.tensor(r, dtype=torch.long), 1
+    return ids, mask
+
+
+def keeping_prefixes(engine: Any) -> AbstractContextManager:
+    """`engine.keep_prefixes()` where the engine offers it (`HFEngine`: consecutive calls in the
+    block continue from the previous call's KV cache), else a block that changes nothing (vLLM
+    caches prefixes itself)."""
+    keep = getattr(engine, "keep_prefixes", None)
+    return keep() if callable(keep) else contextlib.nullcontext()

@@ -9,14 +9,16 @@ single-process training that is the trained actor itself, so there are no weight
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from transformers import GenerationConfig
 
 from olingo.engines.base import repeat_prompts
+from olingo.engines.prefixes import KeptPrefixes, can_keep, continue_from, keep_after
 from olingo.engines.settings import (
     GenerationSettings,
     Rollout,
@@ -75,11 +77,10 @@ def build_generation_config(settings: GenerationSettings, tokenizer: Any) -> Gen
         repetition_penalty=1.0,
         no_repeat_ngram_size=0,
         min_new_tokens=0,  # takes precedence over any min_length of the model
-        return_dict_in_generate=False,
+        return_dict_in_generate=True,  # the output's cache is what `HFEngine.keep_prefixes` keeps
     )
 
 
-@torch.no_grad()
 def generate_rollout(
     model: Any,
     input_ids: torch.Tensor,
@@ -101,6 +102,24 @@ def generate_rollout(
     vocabularies; 2.4 GB for B=32, A=512, V=150k in bf16). The values match a full forward
     up to kernel rounding (KV-cache vs full attention: ~1e-6 in fp32, more in bf16).
     """
+    return generate_continuing(model, input_ids, attention_mask, tokenizer, settings, with_log_probs=with_log_probs)[0]
+
+
+@torch.no_grad()
+def generate_continuing(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    tokenizer: Any,
+    settings: GenerationSettings,
+    *,
+    with_log_probs: bool = False,
+    kept: KeptPrefixes | None = None,
+    keep: bool = False,
+) -> tuple[Rollout, KeptPrefixes | None]:
+    """`generate_rollout`, continuing from the cache `kept` where every prompt row extends one
+    of its rows (olingo/engines/prefixes.py), and returning this call's cache when `keep`
+    (None where it cannot be reused). The rollout is laid out over the given prompts either way."""
     _check_left_padded(input_ids, attention_mask)
     device = _model_device(model)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -111,28 +130,36 @@ def generate_rollout(
         # fills None from it), and spares generate an empty stop check at every step.
         config.eos_token_id = None
     _warn_on_leaking_model_settings(model, settings)
+    config.output_logits = with_log_probs
     extra = {"tokenizer": tokenizer} if settings.stop_strings else {}
+    keep = keep and can_keep(model)
+    continuation = continue_from(kept, input_ids, attention_mask, tokenizer.pad_token_id) if kept is not None and keep else None
+    kept = None  # a cache that is not continued from is freed before generating
+    if continuation is not None:
+        extra["past_key_values"] = continuation.cache
+    gen_ids, gen_mask = (continuation.input_ids, continuation.attention_mask) if continuation else (input_ids, attention_mask)
 
     # Per-module modes, so a submodule kept in eval (e.g. a frozen part) stays in eval.
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
-        if with_log_probs:
-            extra |= {"output_logits": True, "return_dict_in_generate": True}
         # synced_gpus=False: transformers turns it on for FSDP-managed models, stepping every rank
         # until all are done, which deadlocks when ranks make different numbers of generate calls
         # (multi-turn episodes, dynamic sampling); olingo generates inside `gathered`, where
         # forwards need no communication.
         output = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, generation_config=config, synced_gpus=False, **extra
+            input_ids=gen_ids, attention_mask=gen_mask, generation_config=config, synced_gpus=False, **extra
         )
     finally:
         for module, training in modes:
             module.training = training
 
-    responses = (output.sequences if with_log_probs else output)[:, input_ids.shape[1]:]
+    responses = output.sequences[:, gen_ids.shape[1]:]
     log_probs = _sampled_log_probs(output.logits, responses, settings) if with_log_probs else None
-    return rollout_from_responses(input_ids, attention_mask, responses, tokenizer, settings, log_probs)
+    rollout = rollout_from_responses(input_ids, attention_mask, responses, tokenizer, settings, log_probs)
+    if not keep or output.past_key_values is None:
+        return rollout, None
+    return rollout, keep_after(output.past_key_values, output.sequences, gen_mask, rollout.action_mask)
 
 
 def _sampled_log_probs(step_logits: tuple[torch.Tensor, ...], responses: torch.Tensor, settings: GenerationSettings) -> torch.Tensor:
@@ -200,14 +227,34 @@ class HFEngine:
 
     def __init__(self, model: Any, tokenizer: Any, *, with_log_probs: bool = False) -> None:
         self.model, self.tokenizer, self.with_log_probs = model, tokenizer, with_log_probs
+        self._keeping, self._kept = False, None
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, settings: GenerationSettings, n: int = 1) -> Rollout:
-        """B left-padded prompts -> B * n rollouts (prompt-major); sampling uses the global torch RNG."""
+        """B left-padded prompts -> B * n rollouts (prompt-major); sampling uses the global torch RNG.
+        Inside `keep_prefixes()`, a call whose prompts extend the previous call's rows continues
+        from its KV cache."""
         input_ids, attention_mask = repeat_prompts(input_ids, attention_mask, n)
-        return generate_rollout(self.model, input_ids, attention_mask, self.tokenizer, settings, with_log_probs=self.with_log_probs)
+        kept, self._kept = self._kept, None
+        rollout, kept = generate_continuing(
+            self.model, input_ids, attention_mask, self.tokenizer, settings, with_log_probs=self.with_log_probs, kept=kept, keep=self._keeping
+        )
+        self._kept = kept if self._keeping else None
+        return rollout
+
+    @contextlib.contextmanager
+    def keep_prefixes(self) -> Iterator[None]:
+        """Within the block, each `generate` keeps its KV cache for the next call to continue from
+        (a multi-turn source's turns; olingo/engines/prefixes.py); the cache is freed on exit.
+        The weights must not change inside the block (`update_weights` frees the cache)."""
+        self._keeping, self._kept = True, None
+        try:
+            yield
+        finally:
+            self._keeping, self._kept = False, None
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, full: bool = True) -> int:
         """Copy weights into the engine's model by name, strictly (see `load_named_tensors`)."""
+        self._kept = None  # computed with the old weights
         return load_named_tensors(self.model, dict(named_tensors), "policy", full=full)
 
     def sleep(self) -> None:
@@ -217,4 +264,5 @@ class HFEngine:
         """Nothing to take back."""
 
     def close(self) -> None:
+        self._kept = None
         self.model = None  # the model may be the trained actor: drop the reference, free nothing else

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from olingo.engines import Rollout
+from olingo.engines.base import left_pad
 from olingo.gateway.protocol import RequestError
-from olingo.rollout.multi_turn import Episode, left_pad, segment_positions
+from olingo.rollout.multi_turn import Episode, segment_positions
 from olingo.rollout.source import PromptBatch, SampledBatch
 
 FAILURES = {

@@ -32,6 +32,7 @@ import torch
 
 from olingo.dataset.chat_tokens import ChatTemplateError
 from olingo.engines import GenerationSettings, RolloutEngine
+from olingo.engines.base import keeping_prefixes, left_pad
 from olingo.engines.settings import resolve_stop_token_ids
 from olingo.errors import OlingoError
 from olingo.gateway.episodes import FAILURES, EpisodeState, Recorder, assemble, episode_metrics
@@ -49,7 +50,7 @@ from olingo.gateway.protocol import (
 from olingo.gateway.render import ChatRenderer, same_message
 from olingo.gateway.server import Dispatcher, HttpServer, Job, LoopThread, error_response, read_json
 from olingo.rewards.registry import one_line
-from olingo.rollout.multi_turn import left_pad, sampled_turn
+from olingo.rollout.multi_turn import sampled_turn
 from olingo.rollout.source import PromptBatch, SampledBatch
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class GatewaySource:
         gateway = Gateway(self, states, settings)
         seconds = {"generation_seconds": 0.0, "agent_seconds": 0.0}
         started = time.perf_counter()
-        with gateway.serving() as dispatcher:
+        with gateway.serving() as dispatcher, keeping_prefixes(self.engine):  # a request continues from its turn before
             while (jobs := dispatcher.next_batch()) is not None:
                 began = time.perf_counter()
                 self._serve(jobs, settings, repeated.input_ids.device, gateway)

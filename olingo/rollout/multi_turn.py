@@ -40,6 +40,7 @@ from jinja2 import TemplateError
 
 from olingo.dataset.chat_tokens import encode_chat, require_chat_template
 from olingo.engines import GenerationSettings, Rollout, RolloutEngine
+from olingo.engines.base import keeping_prefixes, left_pad
 from olingo.engines.settings import resolve_stop_token_ids
 from olingo.rollout.environment import ROW_FIELD, EnvFailure, Environment, EnvironmentSpecError, call_all, check_step, resolve_environment
 from olingo.rollout.source import PromptBatch, SampledBatch
@@ -182,9 +183,10 @@ class MultiTurnSource:
         delta = EnvDelta(self.tokenizer, resolve_stop_token_ids(settings, self.tokenizer))
         clock = {"env_seconds": 0.0, "generation_seconds": 0.0, "log_probs": True}
         episodes = self._start(prompts, n, clock)
-        while live := [e for e in episodes if e.end is None]:
-            self._sample_turn(live, settings, prompts.input_ids.device, clock)
-            self._step(live, delta, clock)
+        with keeping_prefixes(self.engine):  # turn k continues from turn k-1's KV cache where the engine can
+            while live := [e for e in episodes if e.end is None]:
+                self._sample_turn(live, settings, prompts.input_ids.device, clock)
+                self._step(live, delta, clock)
         return self._assemble(prompts, n, episodes, clock)
 
     def _start(self, prompts: PromptBatch, n: int, clock: dict) -> list[Episode]:
@@ -369,16 +371,6 @@ def segment_positions(prompt_mask: torch.Tensor, episodes: list[Episode], width:
     for k, e in enumerate(episodes):
         trajectory[k, : len(e.tokens)] = torch.tensor(e.positions(len(e.prompt)), dtype=torch.long)
     return torch.cat([prompt_positions, trajectory], dim=1)
-
-
-def left_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists -> (ids, attention_mask), both (len(rows), longest) long, padded on the left."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for j, r in enumerate(rows):
-        ids[j, width - len(r):], mask[j, width - len(r):] = torch.tensor(r, dtype=torch.long), 1
-    return ids, mask
 
 
 def episode_metrics(episodes: list[Episode], clock: dict) -> dict[str, float]:
