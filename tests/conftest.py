@@ -78,3 +78,15 @@ def kill_when_logged(cmd: list[str], metrics: Path, rows: int, env: dict[str, st
     assert proc.poll() is None, f"run ended before the kill at row {rows}: {proc.stderr.read()[-2000:]}"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matmuls: on a busy 2-core machine a second intra-op thread makes them ~50x slower.
+    A module uses it with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

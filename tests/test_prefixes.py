@@ -17,12 +17,7 @@ from olingo.tasks import build_char_tokenizer, build_tiny_llama
 LOG_PROB_TOLERANCE = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

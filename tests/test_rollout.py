@@ -16,13 +16,7 @@ PROMPTS = ["1+1=", "12+17=", "3+45="]
 EOS, PAD = 3, 0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny matmuls: on a busy 2-core machine a second intra-op thread makes them ~50x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -381,19 +375,20 @@ def test_no_stop_token_runs_every_response_to_max_new_tokens(model, tokenizer):
     assert (eos_col[rows_with_eos] < 39).any()
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_log_probs_from_generate_equal_a_scoring_forward(model, tokenizer, temperature):
-    """with_log_probs reads pi_old from generate's raw logits; a full forward gives the same."""
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 5, 0.9)])
+def test_log_probs_from_generate_equal_a_scoring_forward(model, tokenizer, temperature, top_k, top_p):
+    """with_log_probs reads pi_old from generate's raw logits, step by step; a full forward gives the
+    same (the temperature applied, top-k and top-p not: they shape sampling, not the policy)."""
     from olingo.experience_maker import action_log_probs
 
     batch = encode(tokenizer, PROMPTS)
     torch.manual_seed(0)
-    out = generate_rollout(model, batch.input_ids, batch.attention_mask, tokenizer,
-                           GenerationSettings(max_new_tokens=12, temperature=temperature), with_log_probs=True)
+    settings = GenerationSettings(max_new_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p)
+    out = generate_rollout(model, batch.input_ids, batch.attention_mask, tokenizer, settings, with_log_probs=True)
     expected = action_log_probs(model, out.sequences, out.attention_mask, out.num_actions, temperature)
     mask = out.action_mask
     assert out.log_probs.shape == expected.shape
     torch.testing.assert_close(out.log_probs[mask], expected[mask], atol=1e-5, rtol=1e-5)
     torch.manual_seed(0)  # the same draws: asking for log-probs does not change the samples
-    plain = generate_rollout(model, batch.input_ids, batch.attention_mask, tokenizer, GenerationSettings(max_new_tokens=12, temperature=temperature))
+    plain = generate_rollout(model, batch.input_ids, batch.attention_mask, tokenizer, settings)
     assert torch.equal(plain.sequences, out.sequences) and plain.log_probs is None

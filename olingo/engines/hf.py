@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from olingo.engines.base import repeat_prompts
 from olingo.engines.prefixes import KeptPrefixes, can_keep, continue_from, keep_after
@@ -97,10 +97,10 @@ def generate_rollout(
     which is never reseeded here. Returned tensors live on the model's device.
 
     `with_log_probs` also returns log pi(token j | prefix) at the sampling temperature, from
-    the logits `generate` computed anyway, which saves PPO the actor's scoring forward. Cost:
-    generate keeps every step's raw logits until it returns, B x A x V floats (fine for small
-    vocabularies; 2.4 GB for B=32, A=512, V=150k in bf16). The values match a full forward
-    up to kernel rounding (KV-cache vs full attention: ~1e-6 in fp32, more in bf16).
+    the logits `generate` computed anyway, which saves PPO the actor's scoring forward. They are
+    taken step by step (`SampledLogProbs`), so the cost is one (B, V) float32 step held at a time,
+    not every step's logits (B x A x V: 2.4 GB for B=32, A=512, V=150k in bf16). The values match
+    a full forward up to kernel rounding (KV-cache vs full attention: ~1e-6 in fp32, more in bf16).
     """
     return generate_continuing(model, input_ids, attention_mask, tokenizer, settings, with_log_probs=with_log_probs)[0]
 
@@ -130,8 +130,10 @@ def generate_continuing(
         # fills None from it), and spares generate an empty stop check at every step.
         config.eos_token_id = None
     _warn_on_leaking_model_settings(model, settings)
-    config.output_logits = with_log_probs
     extra = {"tokenizer": tokenizer} if settings.stop_strings else {}
+    collector = SampledLogProbs(settings.log_prob_temperature) if with_log_probs else None
+    if collector is not None:
+        extra["logits_processor"] = LogitsProcessorList([collector])
     keep = keep and can_keep(model)
     continuation = continue_from(kept, input_ids, attention_mask, tokenizer.pad_token_id) if kept is not None and keep else None
     kept = None  # a cache that is not continued from is freed before generating
@@ -155,24 +157,41 @@ def generate_continuing(
             module.training = training
 
     responses = output.sequences[:, gen_ids.shape[1]:]
-    log_probs = _sampled_log_probs(output.logits, responses, settings) if with_log_probs else None
+    log_probs = collector.finish(output.sequences) if collector is not None else None
     rollout = rollout_from_responses(input_ids, attention_mask, responses, tokenizer, settings, log_probs)
     if not keep or output.past_key_values is None:
         return rollout, None
     return rollout, keep_after(output.past_key_values, output.sequences, gen_mask, rollout.action_mask)
 
 
-def _sampled_log_probs(step_logits: tuple[torch.Tensor, ...], responses: torch.Tensor, settings: GenerationSettings) -> torch.Tensor:
-    """log softmax(raw logits / T) at each sampled token: A tensors (B, V) -> (B, A).
+class SampledLogProbs(LogitsProcessor):
+    """log softmax(raw logits / T) at each token `generate` samples, one step at a time.
 
-    The raw (unprocessed) logits, divided by the temperature and nothing else: the same
-    distribution `policy_logits` defines, so the PPO ratio compares like with like.
+    A logits processor that changes nothing: at step t it reads the token sampled at step t-1
+    (the last column of `input_ids`) out of step t-1's log-softmax, then keeps step t's, so it
+    holds one (B, V) float32 tensor; `finish` reads the last sampled token. It runs before the
+    temperature, top-k and top-p warpers (transformers puts a caller's processors after its own
+    non-warping ones, which `build_generation_config` leaves off), so it sees the raw logits and
+    applies only the temperature: the distribution `policy_logits` defines, so the PPO ratio
+    compares like with like.
     """
-    temperature = settings.log_prob_temperature
-    logits = torch.stack(step_logits, dim=1).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return torch.gather(logits.log_softmax(-1), -1, responses.unsqueeze(-1)).squeeze(-1)
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature, self.previous, self.values = temperature, None, []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self.values.append(self.previous.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        logits = scores.float() if self.temperature == 1.0 else scores.float() / self.temperature
+        self.previous = logits.log_softmax(-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """(B, A): the log-prob of each of the A tokens sampled (the last A columns of `sequences`)."""
+        if self.previous is not None:
+            self.values.append(self.previous.gather(-1, sequences[:, -1:]).squeeze(-1))
+        self.previous = None
+        return torch.stack(self.values, dim=1) if self.values else sequences.new_zeros((sequences.shape[0], 0), dtype=torch.float32)
 
 
 def _check_left_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
