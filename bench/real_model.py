@@ -1,7 +1,7 @@
 """olingo vs the minimal loop vs TRL on a real model: SmolLM2-135M-Instruct, fp32, on this CPU.
 
     OLINGO_HOME=/tmp/olh-tune .venv/bin/python bench/real_model.py [--repeats 3] [--steps 3] [--only rm,dpo] [--quick]
-        [--sizes small|realistic] [--model smollm2|vocab262k]
+        [--sizes small|realistic] [--model smollm2|vocab262k] [--ppo-reuse] [--rm-prompt-length N]
 
 Reward-model, DPO, GRPO and PPO steps, run by the suite's runners (`rm_run.py`, `dpo_run.py`,
 `grpo_run.py`, `ppo_run.py` and `trl/*_trl.py`, unchanged in what they compute) on the real weights
@@ -21,7 +21,11 @@ Measurement, chosen for a shared 2-core machine whose wall times swing 2x from r
 3. runs are paired: in every repeat each stage runs olingo, minimal and TRL back to back (the order
    rotating from repeat to repeat: A B C, B C A, C A B), and a ratio is taken between the runs of one
    repeat, then given as median [min-max] over repeats.
-Writes bench/results/real.{jsonl,md} (`--quick`: real_quick, a smoke run with tiny batches; other
+`--rm-prompt-length N` makes the two rows of every RM pair share their first N tokens (a prompt);
+olingo then runs them once per pair (`train.share_prompt`), TRL and the minimal loop twice.
+`--ppo-reuse` adds a fourth PPO implementation, `olingo+reuse_logp`: olingo with
+`experience.reuse_rollout_log_probs=true`, which takes pi_old from the logits `generate` computed, the
+shortcut TRL's PPOTrainer always takes. Writes bench/results/real.{jsonl,md} (`--quick`: real_quick, a smoke run with tiny batches; other
 sizes and models: real_realistic, vocab262k_realistic, ...; `--name` overrides).
 """
 
@@ -43,6 +47,9 @@ from bench.suite import DPO_ALGO, GRPO_ALGO, PPO_ALGO, RM_OPTIM, phase_sums, trl
 
 WORK = BENCH / ".work"
 IMPLS = ("olingo", "minimal", "trl")
+# `--ppo-reuse`: PPO also as olingo with TRL's shortcut (pi_old from generate's own logits, no
+# second actor forward), as the `olingo+reuse_logp` implementation.
+REUSE = "olingo+reuse_logp"
 STAGES = ("rm", "dpo", "grpo", "ppo")
 # Batches per stage (the full run; --quick shrinks them). Tokens are those of the step's training batch.
 # On one core a forward + backward of this model costs ~12 ms of CPU per token and AdamW's step
@@ -85,7 +92,8 @@ def stage_spec(stage: str, size: dict, models: dict[str, str], steps: int, warmu
     if stage == "rm":
         rows = (steps + warmup) * size["batch_size"]
         return {**RM_OPTIM, **common, "warmup_ratio": 0.0, "model_dir": models["reward"], "batch_size": size["batch_size"],
-                "data": workload.write_word_pairs(WORK, tok, size["length"], rows), "steps": steps, "warmup_steps": warmup}
+                "data": workload.write_word_pairs(WORK, tok, size["length"], rows, prompt_length=size.get("prompt_length", 0)),
+                "steps": steps, "warmup_steps": warmup}
     if stage == "dpo":
         rows = (steps + warmup) * size["batch_size"]
         data = workload.write_word_dpo_pairs(WORK, tok, size["prompt_length"], size["response_length"], rows)
@@ -116,7 +124,15 @@ def run_one(stage: str, impl: str, spec: dict, threads: int) -> dict:
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     if impl == "trl":
         return run_impl(trl_python(stage), BENCH / "trl" / TRL_SCRIPTS[stage], {**spec, "mode": "fp32"}, WORK / "runs", f"real-{stage}-trl", env)
+    if impl == REUSE:
+        spec = {**spec, "impl": "olingo", "olingo_experience": {"reuse_rollout_log_probs": True}}
+        return run_impl(OLINGO_PYTHON, BENCH / OUR_SCRIPTS[stage], spec, WORK / "runs", f"real-{stage}-olingo-reuse", env)
     return run_impl(OLINGO_PYTHON, BENCH / OUR_SCRIPTS[stage], {**spec, "impl": impl}, WORK / "runs", f"real-{stage}-{impl}", env)
+
+
+def impls_for(stage: str, ppo_reuse: bool) -> tuple[str, ...]:
+    """The implementations a stage runs: olingo, minimal, TRL, and for PPO with `--ppo-reuse` olingo with TRL's shortcut."""
+    return IMPLS + ((REUSE,) if stage == "ppo" and ppo_reuse else ())
 
 
 def step_series(result: dict) -> tuple[list[float], list[float]]:
@@ -206,7 +222,8 @@ def spread(values: list[float], scale: float = 1.0) -> str:
 
 def describe(stage: str, size: dict) -> str:
     if stage == "rm":
-        return f"RM ({size['batch_size']} pairs x {size['length']} tokens)"
+        shared = f", {size['prompt_length']} of them a shared prompt" if size.get("prompt_length") else ""
+        return f"RM ({size['batch_size']} pairs x {size['length']} tokens{shared})"
     if stage == "dpo":
         return f"DPO ({size['batch_size']} pairs x {size['prompt_length']} + {size['response_length']} tokens, live reference)"
     if stage == "grpo":
@@ -221,10 +238,13 @@ def markdown(rows: list[dict], sizes: dict, steps: dict, warmup: int, threads: i
     ratios = [[describe(s, sizes[s]), spread(paired(rows, s, "olingo", "minimal", "wall_s")), spread(paired(rows, s, "olingo", "minimal", "cpu_s")),
                spread(paired(rows, s, "olingo", "trl", "wall_s")), spread(paired(rows, s, "olingo", "trl", "cpu_s")),
                spread(paired(rows, s, "trl", "minimal", "cpu_s"))] for s in stages]
+    ratios += [[f"{describe(s, sizes[s])}, {REUSE}", spread(paired(rows, s, REUSE, "minimal", "wall_s")), spread(paired(rows, s, REUSE, "minimal", "cpu_s")),
+                spread(paired(rows, s, REUSE, "trl", "wall_s")), spread(paired(rows, s, REUSE, "trl", "cpu_s")), "-"]
+               for s in stages if any(r["stage"] == s and r["impl"] == REUSE for r in rows)]
     headers = ["stage", "impl", "wall ms/step", "CPU ms/step", "CPU / wall", "tokens/s", "gen tokens/s", "peak RSS MB", "load 1m"]
     lines = []
     for s in stages:
-        for impl in IMPLS:
+        for impl in IMPLS + (REUSE,):
             mine = [r for r in rows if r["stage"] == s and r["impl"] == impl]
             if not mine:
                 continue
@@ -267,6 +287,9 @@ def main() -> None:
     parser.add_argument("--sizes", choices=sorted(SIZE_SETS), default="small", help="batch sizes: small (a step in seconds) or realistic")
     parser.add_argument("--model", choices=sorted(MODELS), default="smollm2", help="the real SmolLM2 weights, or a random-init 262k-vocabulary model")
     parser.add_argument("--no-adamw-probe", action="store_true", help="skip timing AdamW alone")
+    parser.add_argument("--rm-prompt-length", type=int, default=0,
+                        help="RM pairs share their first N tokens, as responses to one prompt do (default 0: no shared prompt)")
+    parser.add_argument("--ppo-reuse", action="store_true", help=f"PPO also as {REUSE}: olingo taking pi_old from generate's logits, as TRL does")
     parser.add_argument("--adamw-probe", metavar="POLICY_DIR", help=argparse.SUPPRESS)  # internal: the probe's own process
     args = parser.parse_args()
     if args.adamw_probe:
@@ -276,6 +299,8 @@ def main() -> None:
     if unknown := set(stages) - set(STAGES):
         parser.error(f"unknown stages {sorted(unknown)}; choose among {','.join(STAGES)}")
     sizes = QUICK_SIZES if args.quick else SIZE_SETS[args.sizes]
+    if args.rm_prompt_length:
+        sizes = {**sizes, "rm": {**sizes["rm"], "prompt_length": args.rm_prompt_length}}
     if args.quick:
         args.repeats, args.steps, args.ppo_steps = 1, 1, 1
     steps = {s: args.ppo_steps if s == "ppo" else args.steps for s in stages}
@@ -296,11 +321,12 @@ def main() -> None:
         print("AdamW step alone (ms wall / CPU): " + probes, flush=True)
     for repeat in range(args.repeats):
         for stage in stages:
-            order = IMPLS[repeat % len(IMPLS):] + IMPLS[: repeat % len(IMPLS)]
+            impls = impls_for(stage, args.ppo_reuse)
+            order = impls[repeat % len(impls):] + impls[: repeat % len(impls)]
             for impl in order:
                 row = measure(stage, impl, repeat, specs[stage], args.threads)
                 rows.append(row)
-                print(f"{stage:>4} {impl:>7} r{repeat}: wall {1000 * row['wall_s']:8.0f} ms/step  cpu {1000 * row['cpu_s']:8.0f} ms/step  "
+                print(f"{stage:>4} {impl:>17} r{repeat}: wall {1000 * row['wall_s']:8.0f} ms/step  cpu {1000 * row['cpu_s']:8.0f} ms/step  "
                       f"{row['peak_rss_mb']:6.0f} MB  load {row['load_avg_1m']:.1f}  ({row['process_s']:.0f} s, {time.time() - start:.0f} s in)", flush=True)
     default_name = ("real" if args.model == "smollm2" else args.model) + ("" if args.sizes == "small" else f"_{args.sizes}")
     name = args.name or (f"{default_name}_quick" if args.quick else default_name)

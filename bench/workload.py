@@ -79,14 +79,16 @@ def write_pairs(root: Path, length: int, rows: int, seed: int = 0) -> str:
     return write_pair_rows(path, ids, digits, length, rows, seed)
 
 
-def write_pair_rows(path: Path, vocab: list[int], rich: list[int], length: int, rows: int, seed: int) -> str:
+def write_pair_rows(path: Path, vocab: list[int], rich: list[int], length: int, rows: int, seed: int, prompt_length: int = 0) -> str:
     """Reward-model pairs into `path`: each chosen token is from `rich` with probability 1/2 (else
-    `vocab`), each rejected token from `vocab`."""
+    `vocab`), each rejected token from `vocab`; with `prompt_length`, both rows of a pair start with
+    the same `prompt_length` tokens from `vocab` (a prompt), then `length - prompt_length` of their own."""
     rng = random.Random(seed)
     with path.open("w") as handle:
         for _ in range(rows):
-            chosen = [rng.choice(rich) if rng.random() < 0.5 else rng.choice(vocab) for _ in range(length)]
-            rejected = [rng.choice(vocab) for _ in range(length)]
+            prompt = [rng.choice(vocab) for _ in range(prompt_length)]
+            chosen = prompt + [rng.choice(rich) if rng.random() < 0.5 else rng.choice(vocab) for _ in range(length - prompt_length)]
+            rejected = prompt + [rng.choice(vocab) for _ in range(length - prompt_length)]
             handle.write(json.dumps({"chosen_input_ids": chosen, "rejected_input_ids": rejected}) + "\n")
     return str(path)
 
@@ -241,14 +243,15 @@ def single_token_words(tokenizer_dir: str) -> list[int]:
     return ids
 
 
-def write_word_pairs(root: Path, tokenizer_dir: str, length: int, rows: int, seed: int = 0) -> str:
+def write_word_pairs(root: Path, tokenizer_dir: str, length: int, rows: int, seed: int = 0, prompt_length: int = 0) -> str:
     """`rows` preference pairs of `length` word tokens each; half of a chosen row's words come from
-    the first tenth of the word list, so a reward model can learn to prefer it."""
-    path = root / f"words_pairs_L{length}_n{rows}.jsonl"
+    the first tenth of the word list, so a reward model can learn to prefer it. With `prompt_length`,
+    a pair's rows share their first `prompt_length` words (as pairs of responses to one prompt do)."""
+    path = root / (f"words_pairs_L{length}_n{rows}.jsonl" if not prompt_length else f"words_pairs_P{prompt_length}_L{length}_n{rows}.jsonl")
     if path.exists():
         return str(path)
     words = single_token_words(tokenizer_dir)
-    return write_pair_rows(path, words, words[: len(words) // 10], length, rows, seed)
+    return write_pair_rows(path, words, words[: len(words) // 10], length, rows, seed, prompt_length)
 
 
 def write_word_dpo_pairs(root: Path, tokenizer_dir: str, prompt_length: int, response_length: int, rows: int, seed: int = 0) -> str:

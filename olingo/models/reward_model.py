@@ -37,6 +37,7 @@ from olingo.models.loading import (
     resolve_dtype,
 )
 from olingo.models.packing import check_packing, pack_batch, unpack
+from olingo.models.pair_prefix import can_share, pair_layout, worth_sharing
 from olingo.models.sources import resolve_model_path
 from olingo.models.utils import last_attended_index, position_ids_from_mask
 
@@ -108,11 +109,39 @@ class RewardModel(nn.Module):
         hidden = body(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False).last_hidden_state
         return unpack(self.model.score(hidden).squeeze(-1), packed)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: bool = False, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Score at the last attended token. input_ids, attention_mask: (B, L) -> (B,)."""
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: bool = False, position_ids: torch.Tensor | None = None,
+        pairs: bool = False,
+    ) -> torch.Tensor:
+        """Score at the last attended token. input_ids, attention_mask: (B, L) -> (B,).
+
+        pairs: rows i and B/2 + i are a preference pair; where it pays, their shared opening runs
+        once (`olingo.models.pair_prefix`), the same scores up to float rounding."""
+        if pairs and position_ids is None:
+            scores = self._pair_scores(input_ids, attention_mask, packing)
+            if scores is not None:
+                return scores
         values = self.values(input_ids, attention_mask, packing, position_ids)
         rows = torch.arange(values.shape[0], device=values.device)
         return values[rows, last_attended_index(attention_mask)]
+
+    def _pair_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packing: bool) -> torch.Tensor | None:
+        """`forward(pairs=True)` through the shared openings, or None where that is not exact or not cheaper."""
+        body = getattr(self.model, self.model.base_model_prefix)
+        checkpointing = any(getattr(module, "gradient_checkpointing", False) for module in body.modules())  # set per layer
+        if input_ids.shape[0] % 2 or not can_share(self.config, checkpointing):
+            return None
+        layout = pair_layout(input_ids, attention_mask, self.config.pad_token_id or 0)
+        if not worth_sharing(layout, attention_mask, packing):
+            return None
+        opened = body(input_ids=layout.opening_ids, attention_mask=layout.opening_mask,
+                      position_ids=position_ids_from_mask(layout.opening_mask), use_cache=True)
+        cache, half = opened.past_key_values, layout.opening_ids.shape[0]
+        cache.batch_select_indices(torch.arange(2 * half, device=input_ids.device) % half)  # chosen rows, then rejected rows
+        mask = torch.cat([layout.opening_mask.repeat(2, 1), layout.own_mask], dim=1)
+        hidden = body(input_ids=layout.own_ids, attention_mask=mask, position_ids=layout.own_positions, past_key_values=cache, use_cache=True)
+        last = last_attended_index(layout.own_mask)
+        return self.model.score(hidden.last_hidden_state[torch.arange(2 * half, device=last.device), last]).squeeze(-1)
 
     def save_pretrained(self, directory: str | Path, **kwargs) -> None:
         """Write a Hugging Face sequence-classification directory (config + safetensors)."""

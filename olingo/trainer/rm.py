@@ -3,7 +3,8 @@
 One optimizer step, as the algorithm reads:
     1. chosen and rejected rows of a micro-batch go through ONE forward pass, concatenated (2B rows);
        with `packing` (the default) their attended tokens run padding-free, each row still scored
-       at its own last attended token (`RewardModel.forward`)
+       at its own last attended token (`RewardModel.forward`); with `share_prompt` (the default)
+       a pair's shared opening (its prompt) runs once where that saves work (`olingo.models.pair_prefix`)
     2. split the scores back into r_chosen (B,) and r_rejected (B,)
     3. loss = loss_fn(r_chosen, r_rejected) (LogSigLoss by default), backward on loss / micro-batches
     4. after `accumulation_steps` micro-batches: clip, optimizer step, scheduler step
@@ -27,13 +28,14 @@ from olingo.trainer.callbacks import Callback, LoopArtifacts
 from olingo.trainer.supervised import SLTrainer
 
 
-def score_pairs(model: torch.nn.Module, batch: dict[str, torch.Tensor], packing: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def score_pairs(model: torch.nn.Module, batch: dict[str, torch.Tensor], packing: bool = False, share_prompt: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores of chosen and rejected rows from one concatenated forward: two (B,) tensors.
 
-    packing: the 2B rows' attended tokens run padding-free (`RewardModel.forward(..., packing=True)`)."""
+    packing: the 2B rows' attended tokens run padding-free (`RewardModel.forward(..., packing=True)`).
+    share_prompt: each pair's shared opening runs once where that saves work (`pairs=True`)."""
     input_ids = torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]])
     attention_mask = torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]])
-    scores = model(input_ids=input_ids, attention_mask=attention_mask, packing=packing)
+    scores = model(input_ids=input_ids, attention_mask=attention_mask, packing=packing, **({"pairs": True} if share_prompt else {}))
     return scores.chunk(2)
 
 
@@ -56,8 +58,9 @@ class RewardModelTrainer(SLTrainer):
 
     ColossalChat-compatible signature (docs/coming-from-colossalchat.md), plus keyword-only
     extras: `callbacks` (any olingo `Callback`), `eval_interval` (evaluate every
-    N optimizer steps as well as after every epoch; 0 = only after epochs) and `packing`
-    (padding-free forwards, default on, as `model.packing`).
+    N optimizer steps as well as after every epoch; 0 = only after epochs), `packing`
+    (padding-free forwards, default on, as `model.packing`) and `share_prompt` (a pair's shared
+    opening runs once, default on, as `train.share_prompt`; `olingo.models.pair_prefix`).
     `loss_fn=None` means `LogSigLoss(beta=beta)`; `beta` is the preference model's inverse
     temperature and is used only by that default loss. `save_interval` counts optimizer steps;
     checkpoints go to `<save_dir>/checkpoints/`. Gradient clipping is the plugin's `max_norm`.
@@ -83,6 +86,7 @@ class RewardModelTrainer(SLTrainer):
         callbacks: Sequence[Callback] = (),
         eval_interval: int = 0,
         packing: bool = True,
+        share_prompt: bool = True,
     ) -> None:
         super().__init__(
             booster=booster, max_epochs=max_epochs, model=model, optimizer=optimizer, plugin=plugin,
@@ -92,6 +96,7 @@ class RewardModelTrainer(SLTrainer):
         )
         self.tokenizer = tokenizer
         self.beta = beta
+        self.share_prompt = share_prompt
         self.loss_fn = loss_fn if loss_fn is not None else LogSigLoss(beta=beta)
 
     def _before_fit(
@@ -116,7 +121,7 @@ class RewardModelTrainer(SLTrainer):
         return self._run(log_dir, use_wandb)
 
     def _forward_backward(self, batch: dict[str, torch.Tensor], loss_scale: float) -> dict[str, torch.Tensor]:
-        chosen, rejected = score_pairs(self.model, batch, self.packing)
+        chosen, rejected = score_pairs(self.model, batch, self.packing, self.share_prompt)
         loss = self.loss_fn(chosen, rejected)
         self.booster.backward(loss * loss_scale, self.optimizer)
         return pair_stats(chosen, rejected, loss)
@@ -125,7 +130,7 @@ class RewardModelTrainer(SLTrainer):
         """Pair-weighted means over the whole eval set, summed across ranks."""
         totals = torch.zeros(len(PAIR_STATS) + 1, device=self.booster.device)  # stats..., pairs
         for batch in self.eval_dataloader:
-            chosen, rejected = score_pairs(self.model, self._to_device(batch), self.packing)
+            chosen, rejected = score_pairs(self.model, self._to_device(batch), self.packing, self.share_prompt)
             stats = pair_stats(chosen, rejected, self.loss_fn(chosen, rejected))
             row = torch.stack([*(stats[name] for name in PAIR_STATS), torch.ones((), device=totals.device)])
             totals += row * chosen.shape[0]
