@@ -19,8 +19,9 @@ from olingo.trainer.utils import seed_everything
 
 PACKAGED = Path(__file__).resolve().parents[1] / "olingo" / "configs" / "rm_tiny.yaml"
 # Scores and gradients of the same tokens at the same positions, summed in another order (a cache
-# and two forwards instead of one): fp32 rounding, measured <= 3e-7 on SmolLM2-135M.
-TOLERANCE = 1e-5
+# and two forwards instead of one): fp32 rounding, relative to each value's size. Measured on the
+# tiny model: scores 2.2e-8 apart, gradients 3.8e-6 at most (on values up to 28, a relative 1.4e-7).
+TOLERANCE, RELATIVE = 1e-5, 1e-5
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -92,7 +93,7 @@ def test_shared_openings_give_the_full_forwards_scores_and_gradients(model_dir, 
     full, full_grads = scores_and_grads(False)
     torch.testing.assert_close(shared, full, atol=TOLERANCE, rtol=0)
     for name, grad in full_grads.items():
-        torch.testing.assert_close(shared_grads[name], grad, atol=TOLERANCE, rtol=0, msg=name)
+        torch.testing.assert_close(shared_grads[name], grad, atol=TOLERANCE, rtol=RELATIVE, msg=name)
 
 
 def test_where_sharing_is_not_exact_or_not_cheaper_the_full_forward_runs(model_dir, monkeypatch):

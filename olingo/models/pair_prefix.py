@@ -10,8 +10,8 @@ keys and values do not depend on what follows, so the forward can run them once 
        positions continuing from each opening's length.
 
 Each token sees the same tokens at the same positions as in the row's full forward, so scores and
-gradients are equal up to float rounding (the same sums in another order: measured ~3e-7 on the
-gradients of SmolLM2-135M). The work drops from 2B rows of L tokens to B x P + 2B x S token slots:
+gradients are equal up to float rounding (the same sums in another order: a relative ~1e-7,
+`tests/test_pair_prefix.py`). The work drops from 2B rows of L tokens to B x P + 2B x S token slots:
 on pairs whose prompt is half their length, a quarter less (`bench/README.md`, RM).
 
 The opening of a pair is its rows' longest common run of attended tokens, capped so each row keeps
