@@ -90,3 +90,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def continued(monkeypatch) -> list[bool]:
+    """For each `HFEngine.generate` call that had a kept KV cache, whether it continued from it
+    (`olingo.engines.prefixes.continue_from` returned a continuation)."""
+    import olingo.engines.hf as hf
+
+    seen, real = [], hf.continue_from
+    monkeypatch.setattr(hf, "continue_from", lambda *args: (lambda c: seen.append(c is not None) or c)(real(*args)))
+    return seen

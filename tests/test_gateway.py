@@ -285,18 +285,15 @@ def test_a_json_body_round_trips_through_the_protocol(tok):  # noqa: F811
     assert [e["logprob"] for e in choice["logprobs"]["content"]] == pytest.approx([-t / 1000 for t in words(tok, "abcdef")[:3]])
 
 
-def test_log_probs_recomputed_on_the_rows_match_the_engines(tok, assets, monkeypatch):  # noqa: F811
+def test_log_probs_recomputed_on_the_rows_match_the_engines(tok, assets, continued):  # noqa: F811
     """A real model through the real `openai` client: every sampled token's log-prob, recomputed by
     a packed forward over the training rows, matches the one the engine sampled it with. 1e-4:
     the same weights and contexts, batched and padded differently, later requests continuing from
     the KV cache of the ones before (float rounding only)."""
-    import olingo.engines.hf as hf
     from olingo.engines import HFEngine
     from olingo.experience_maker.scoring import action_log_probs
     from olingo.models import load_causal_lm
 
-    continued, real = [], hf.continue_from
-    monkeypatch.setattr(hf, "continue_from", lambda *args: (lambda c: continued.append(c is not None) or c)(real(*args)))
     torch.manual_seed(0)
     model = load_causal_lm(str(assets.model_dir))
     source = GatewaySource(HFEngine(model, tok, with_log_probs=True), tok, three_turns, GatewayLimits(max_new_tokens=6), split_rows=True)

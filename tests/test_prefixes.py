@@ -3,10 +3,11 @@ what a full prefill samples (olingo/engines/prefixes.py)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
-import olingo.engines.hf as hf
 from olingo.engines import GenerationSettings, HFEngine
 from olingo.engines.base import keeping_prefixes, left_pad
 from olingo.engines.prefixes import can_keep, match_rows
@@ -30,14 +31,6 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def model(tokenizer):
     return build_tiny_llama(tokenizer)
-
-
-@pytest.fixture
-def continued(monkeypatch) -> list[bool]:
-    """Whether each call that had a kept cache continued from it."""
-    seen, real = [], hf.continue_from
-    monkeypatch.setattr(hf, "continue_from", lambda *args: (lambda c: seen.append(c is not None) or c)(real(*args)))
-    return seen
 
 
 def test_match_rows_pairs_each_context_with_the_row_it_extends_in_order():
@@ -111,9 +104,12 @@ def test_new_weights_drop_the_kept_cache(model, tokenizer):
         assert engine._kept is None
 
 
-def test_keeping_prefixes_is_a_no_op_for_an_engine_without_it():
-    class Plain:
+def test_keeping_prefixes_enters_the_engines_block_or_none(model, tokenizer):
+    class Plain:  # an engine without keep_prefixes (vLLM caches prefixes itself)
         pass
 
-    with keeping_prefixes(Plain()):
-        pass
+    assert isinstance(keeping_prefixes(Plain()), contextlib.nullcontext)
+    engine = HFEngine(model, tokenizer)
+    with keeping_prefixes(engine):
+        assert engine._keeping
+    assert not engine._keeping

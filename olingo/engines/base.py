@@ -43,11 +43,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from olingo.dataset.collator import length_mask, pad_rows
 from olingo.engines.settings import GenerationSettings, Rollout
 
 
@@ -107,14 +107,10 @@ def repeat_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int
 def left_pad(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists -> (ids, attention_mask), both (len(rows), longest) long, padded on the left."""
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for j, r in enumerate(rows):
-        ids[j, width - len(r):], mask[j, width - len(r):] = torch.tensor(r, dtype=torch.long), 1
-    return ids, mask
+    return pad_rows(rows, width, pad_token_id, "left"), length_mask([len(r) for r in rows], width, "left")
 
 
-def keeping_prefixes(engine: Any) -> AbstractContextManager:
+def keeping_prefixes(engine: Any) -> contextlib.AbstractContextManager:
     """`engine.keep_prefixes()` where the engine offers it (`HFEngine`: consecutive calls in the
     block continue from the previous call's KV cache), else a block that changes nothing (vLLM
     caches prefixes itself)."""

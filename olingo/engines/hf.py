@@ -254,10 +254,9 @@ class HFEngine:
         from its KV cache."""
         input_ids, attention_mask = repeat_prompts(input_ids, attention_mask, n)
         kept, self._kept = self._kept, None
-        rollout, kept = generate_continuing(
+        rollout, self._kept = generate_continuing(
             self.model, input_ids, attention_mask, self.tokenizer, settings, with_log_probs=self.with_log_probs, kept=kept, keep=self._keeping
         )
-        self._kept = kept if self._keeping else None
         return rollout
 
     @contextlib.contextmanager

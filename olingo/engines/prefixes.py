@@ -34,9 +34,8 @@ from typing import Any
 import torch
 
 from olingo.engines.base import left_pad
+from olingo.models.utils import honours_holes
 
-# Attention implementations whose masks honour holes in the middle of a row.
-HOLE_SAFE_ATTENTION = ("sdpa", "eager")
 MAX_WIDTH_OVER_LONGEST = 2.0
 
 
@@ -68,7 +67,7 @@ class Continuation:
 
 def can_keep(model: Any) -> bool:
     """Whether the model's attention honours holes in a row (see the module doc)."""
-    return getattr(getattr(model, "config", None), "_attn_implementation", None) in HOLE_SAFE_ATTENTION
+    return honours_holes(getattr(model, "config", None))
 
 
 def match_rows(kept: list[list[int]], contexts: list[list[int]]) -> list[int] | None:
@@ -93,12 +92,12 @@ def continue_from(kept: KeptPrefixes, input_ids: torch.Tensor, attention_mask: t
     if rows is None:
         return None
     suffix_ids, suffix_mask = left_pad([c[len(kept.tokens[j]):] for c, j in zip(contexts, rows, strict=True)], pad_token_id)
-    index = torch.tensor(rows, dtype=torch.long, device=kept.ids.device)
+    device = kept.ids.device  # the model's, as the prompts' (`generate_continuing` moved them there)
+    index = torch.tensor(rows, dtype=torch.long, device=device)
     kept.cache.batch_select_indices(index)
-    device = input_ids.device
     return Continuation(
-        input_ids=torch.cat([kept.ids[index], suffix_ids.to(kept.ids.device)], dim=1).to(device),
-        attention_mask=torch.cat([kept.mask[index], suffix_mask.to(kept.mask.device)], dim=1).to(device),
+        input_ids=torch.cat([kept.ids[index], suffix_ids.to(device)], dim=1),
+        attention_mask=torch.cat([kept.mask[index], suffix_mask.to(device)], dim=1),
         cache=kept.cache,
     )
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from olingo.dataset.collator import length_mask, pad_rows
+from olingo.models.utils import honours_holes
 
-HOLE_SAFE_ATTENTION = ("sdpa", "eager")
 MIN_SAVING = 0.1  # share only when it saves at least a tenth of the token slots
 
 
@@ -66,8 +66,8 @@ def pair_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_token
     openings = [rows[i][: opening[i]] for i in range(half)]
     own = [row[opening[i % half]:] for i, row in enumerate(rows)]
     shared, width = max(opening), max(len(r) for r in own)
-    opening_ids, opening_mask = pad_rows(openings, shared, pad_token_id, "left"), length_mask(opening, shared, "left").long()
-    own_ids, own_mask = pad_rows(own, width, pad_token_id), length_mask([len(r) for r in own], width).long()
+    opening_ids, opening_mask = pad_rows(openings, shared, pad_token_id, "left"), length_mask(opening, shared, "left")
+    own_ids, own_mask = pad_rows(own, width, pad_token_id), length_mask([len(r) for r in own], width)
     starts = torch.tensor(opening, dtype=torch.long).repeat(2)
     device = input_ids.device
     return PairLayout(
@@ -78,7 +78,7 @@ def pair_layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_token
 
 def can_share(model_config, gradient_checkpointing: bool) -> bool:
     """Whether the model's forward over a kept cache is the full forward's (module doc)."""
-    if gradient_checkpointing or getattr(model_config, "_attn_implementation", None) not in HOLE_SAFE_ATTENTION:
+    if gradient_checkpointing or not honours_holes(model_config):
         return False
     if getattr(model_config, "sliding_window", None) is not None and getattr(model_config, "use_sliding_window", True):
         return False

@@ -7,6 +7,15 @@ import inspect
 
 import torch
 
+# Attention implementations whose masks honour an arbitrary 2D mask, holes in the middle of a row
+# included (a kept KV cache with padding inside it): flash-attention's varlen path is not among them.
+HOLE_SAFE_ATTENTION = ("sdpa", "eager")
+
+
+def honours_holes(config) -> bool:
+    """Whether a model config's attention implementation is one of HOLE_SAFE_ATTENTION."""
+    return getattr(config, "_attn_implementation", None) in HOLE_SAFE_ATTENTION
+
 
 def last_attended_index(attention_mask: torch.Tensor) -> torch.Tensor:
     """Index of the last position whose mask is 1, per row; works for left and right padding.
