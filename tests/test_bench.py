@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -164,3 +165,50 @@ def test_agent_runner_counts_tokens_by_role(tmp_path):
         assert step["episodes"] == 4 and step["episodes"] <= step["turns"] <= 4 * 2
         assert step["turns"] <= step["sampled"] <= step["turns"] * 4  # 1..4 sampled tokens a turn
         assert step["env"] % reply == 0 and step["env"] <= (step["turns"] - step["episodes"]) * reply
+
+
+def test_gpu_packing_varlen_adapter_keeps_packed_rows_apart(monkeypatch):
+    """bench/gpu_packing.py's `torch_varlen_attention` (torch's flash varlen kernel as a transformers
+    attention) runs on CUDA only; here torch's kernel is replaced by SDPA over each sequence its
+    cumulative lengths name, so what is checked is the adapter's part: the segments read from the
+    packed position ids and the reshapes. Packed through it, every attended token's log-prob
+    equals the padded forward's (float32 rounding of different matmul shapes: 1e-5)."""
+    import torch
+    import torch.nn.attention.varlen as varlen
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import flash_attention_mask
+
+    from bench import gpu_packing
+
+    def by_segment(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+        assert window_size == (-1, 0) and torch.equal(cu_q, cu_k) and max_q == int((cu_q[1:] - cu_q[:-1]).max())
+        out = torch.empty_like(q)
+        for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
+            seq = [t[a:b].transpose(0, 1) for t in (q, k, v)]
+            out[a:b] = torch.nn.functional.scaled_dot_product_attention(*seq, is_causal=True, scale=scale).transpose(0, 1)
+        return out
+
+    monkeypatch.setattr(varlen, "varlen_attn", by_segment)
+    AttentionInterface.register("torch_varlen", gpu_packing.torch_varlen_attention)
+    AttentionMaskInterface.register("torch_varlen", flash_attention_mask)
+    args = type("Args", (), {"seed": 0, "batches": 2, "rows": 5, "median": 40, "sigma": 0.9, "max_len": 200})
+    model = gpu_packing.build_model("tiny", torch.float32, "cpu")
+    for batch in gpu_packing.draw_batches(args, model.config.vocab_size, "cpu"):
+        model.set_attn_implementation("sdpa")
+        padded = gpu_packing.token_log_probs(model, batch, packed=False)
+        model.set_attn_implementation("torch_varlen")
+        packed = gpu_packing.token_log_probs(model, batch, packed=True)
+        assert packed.shape == padded.shape and (packed - padded).abs().max() < 1e-5
+
+
+def test_gpu_packing_bench_runs_on_cpu(tmp_path):
+    """The benchmark end to end on a tiny model (the SDPA arms: the others need CUDA)."""
+    out = tmp_path / "packing.json"
+    subprocess.run([sys.executable, str(BENCH / "gpu_packing.py"), "--device", "cpu", "--shapes", "tiny", "--batches", "2", "--repeats", "2",
+                    "--rows", "4", "--median", "32", "--max-len", "128", "--arms", "padded/sdpa,packed/sdpa,packed/torch_varlen", "--out", str(out)],
+                   check=True, capture_output=True, cwd=BENCH.parent, env={**os.environ, "PYTHONPATH": str(BENCH.parent)})
+    shape = json.loads(out.read_text())["shapes"][0]
+    assert shape["real_tokens_per_round"] < shape["padded_positions_per_round"]
+    for arm in ("padded/sdpa", "packed/sdpa"):
+        assert len(shape["arms"][arm]["round_s"]) == 2 and shape["arms"][arm]["max_abs_logp_diff_vs_fp32"] < 1e-4
+    assert shape["arms"]["packed/torch_varlen"] == {"skipped": "varlen_attn runs on CUDA only"}

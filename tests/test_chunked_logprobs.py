@@ -98,6 +98,30 @@ def test_sft_nll_and_dpo_sequence_log_probs_in_chunks_equal_whole_logits(packing
         assert close(chunked[4][name], grad), name
 
 
+def test_the_head_runs_on_counted_positions_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Padding never goes through the chunked head: `policy_token_stats` applies it to attended
+    labels (a row that stopped early leaves its tail out, read as 0), `lm_nll` to the loss mask's
+    tokens; the values there equal whole logits'."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG))
+    ids, mask = uneven_batch([9, 5, 6, 7], 10)
+    mask[:, -4:] = 1
+    mask[1, -2:] = 0  # row 1 stopped two tokens early: right padding inside the response
+    rows = []
+    monkeypatch.setattr(scoring, "head_token_stats", lambda hidden, *a, **k: rows.append(hidden.shape[0]) or head_token_stats(hidden, *a, **k))
+    whole, _ = policy_token_stats(model, ids, mask, 4, packing=True, chunk_elements=10**9)
+    chunked, entropy = policy_token_stats(model, ids, mask, 4, packing=True, chunk_elements=12 * CONFIG["vocab_size"])
+    attended = mask[:, -4:].bool()
+    assert rows == [int(attended.sum())] == [14]
+    assert close(chunked[attended], whole[attended])
+    assert not chunked[~attended].any() and not entropy[~attended].any()
+    loss_mask = mask.clone()
+    loss_mask[:, :7] = 0
+    monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 12 * CONFIG["vocab_size"])
+    lm_nll(model, ids, mask, loss_mask, packing=False)
+    assert rows[1] == int(loss_mask[:, 1:].sum()) == 10
+
+
 def test_the_bypassed_head_returns_hidden_states_and_is_restored() -> None:
     model = LlamaForCausalLM(LlamaConfig(**CONFIG))
     ids = torch.tensor([[1, 2, 3]])

@@ -58,7 +58,7 @@ from olingo.recipes.grpo_config import GRPOConfig
 from olingo.recipes.ppo import PPOConfig
 from olingo.recipes.rm import RMConfig
 from olingo.recipes.sft import SFTConfig
-from olingo.rl.logprobs import CHUNK_ELEMENTS, HEAD_CHUNK_SHARE
+from olingo.rl.logprobs import CHUNK_ELEMENTS, head_chunk_elements
 
 STAGE_CONFIGS = {"sft": SFTConfig, "rm": RMConfig, "ppo": PPOConfig, "grpo": GRPOConfig, "dpo": DPOConfig, "orpo": ORPOConfig, "kto": KTOConfig}
 
@@ -163,10 +163,10 @@ def head_chunks(shape: ModelShape, rows: int, positions: int, plugin) -> bool:
 
 
 def chunk_bytes(act_bytes: int) -> float:
-    """One chunk of logits (CHUNK_ELEMENTS / HEAD_CHUNK_SHARE of them) in the compute dtype, and
-    three fp32 tensors of its size: the float copy, the exp of the log-sum-exp and, in backward,
-    the gradient of the recomputed chunk."""
-    return CHUNK_ELEMENTS // HEAD_CHUNK_SHARE * (act_bytes + 3 * 4)
+    """One chunk of logits (`head_chunk_elements` of them: CHUNK_ELEMENTS / HEAD_CHUNK_SHARE, more
+    on a GPU) in the compute dtype, and three fp32 tensors of its size: the float copy, the exp of
+    the log-sum-exp and, in backward, the gradient of the recomputed chunk."""
+    return head_chunk_elements(torch.device("cuda" if torch.cuda.is_available() else "cpu")) * (act_bytes + 3 * 4)
 
 
 def scoring_bytes(shape: ModelShape, rows: int, seq: int, actions: int, act_bytes: int, *, chunked: bool = False) -> float:

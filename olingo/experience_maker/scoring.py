@@ -18,7 +18,7 @@ from olingo.models.head import chunkable_head, head_bypassed, output_head
 from olingo.models.packing import lm_logits
 from olingo.models.reward_model import RewardModel
 from olingo.rewards.functions import CompositeReward
-from olingo.rl.logprobs import CHUNK_ELEMENTS, HEAD_CHUNK_SHARE, entropy_from_logits, head_token_stats, log_probs_from_logits, token_nll
+from olingo.rl.logprobs import CHUNK_ELEMENTS, HEAD_CHUNK_SHARE, entropy_from_logits, head_chunk_elements, head_token_stats, log_probs_from_logits, token_nll
 from olingo.rl.masked import masked_sum
 
 
@@ -83,24 +83,33 @@ def chunked_head(model: nn.Module, tokens: int, chunk_elements: int | None = Non
 def head_log_probs(
     model: nn.Module, head: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, keep: int, temperature: float = 1.0, *,
     packing: bool = False, position_ids: torch.Tensor | None = None, entropy: bool = False, chunk_elements: int | None = None,
+    scored: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log p(token t+1 | tokens <= t) for the last `keep` positions' predictions, without the
     logits ever existing whole: (B, keep - 1) log-probs (and entropies, detached, with `entropy`).
 
     input_ids, attention_mask: (B, L); position t of the kept window predicts token t+1, so the
     labels are input_ids[:, L - keep + 1:]. The forward runs with `head` bypassed (its output is
-    the head's input, `olingo.models.head`) and `head_token_stats` applies the head
-    `chunk_elements / HEAD_CHUNK_SHARE / V` tokens at a time, in backward too (`chunk_elements`, the
-    threshold: None for `CHUNK_ELEMENTS`); `position_ids`, `packing` as for `lm_logits`.
+    the head's input, `olingo.models.head`) and `head_token_stats` applies the head to the labels
+    that count only: `scored` (B, keep - 1), default the attended labels; the others read 0 (no
+    padding position costs a head's worth of vocabulary). A chunk of tokens at a time, in backward
+    too: `chunk_elements / HEAD_CHUNK_SHARE / V` tokens (`chunk_elements`, the threshold: None for
+    `CHUNK_ELEMENTS` and the device's chunk, `head_chunk_elements`); `position_ids`, `packing` as for `lm_logits`.
     """
     with head_bypassed(model):
         hidden = lm_logits(model, input_ids, attention_mask, packing=packing, last=keep, position_ids=position_ids)[:, :-1]
     labels = input_ids[:, input_ids.shape[1] - keep + 1 :]
-    chunk = max(1, (chunk_elements or CHUNK_ELEMENTS) // HEAD_CHUNK_SHARE // head.weight.shape[0])
+    wanted = (attention_mask[:, attention_mask.shape[1] - keep + 1 :] if scored is None else scored).bool()
+    per_chunk = chunk_elements // HEAD_CHUNK_SHARE if chunk_elements else head_chunk_elements(hidden.device, CHUNK_ELEMENTS)
     log_probs, entropies = head_token_stats(
-        hidden.flatten(0, 1), head.weight, head.bias, labels.flatten(), temperature=temperature, chunk=chunk, entropy=entropy,
+        hidden[wanted], head.weight, head.bias, labels[wanted], temperature=temperature, chunk=max(1, per_chunk // head.weight.shape[0]), entropy=entropy,
     )
-    return log_probs.view_as(labels), entropies.view_as(labels) if entropies is not None else None
+    return _spread(log_probs, wanted), _spread(entropies, wanted) if entropies is not None else None
+
+
+def _spread(values: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+    """(N,) values of the True positions of `wanted` (B, T) back in place, 0 elsewhere (differentiable)."""
+    return values.new_zeros(wanted.shape).index_put((wanted,), values)
 
 
 def lm_nll(
@@ -113,8 +122,8 @@ def lm_nll(
     head = chunked_head(model, input_ids.numel(), chunk_elements)
     if head is None:
         return token_nll(lm_logits(model, input_ids, attention_mask, packing=packing), input_ids, loss_mask)
-    log_probs, _ = head_log_probs(model, head, input_ids, attention_mask, input_ids.shape[1], packing=packing, chunk_elements=chunk_elements)
     scored = loss_mask[:, 1:].bool()
+    log_probs, _ = head_log_probs(model, head, input_ids, attention_mask, input_ids.shape[1], packing=packing, chunk_elements=chunk_elements, scored=scored)
     return masked_sum(-log_probs, scored), scored.sum().to(torch.float32)
 
 

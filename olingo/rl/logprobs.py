@@ -23,6 +23,17 @@ CHUNK_ELEMENTS = 1 << 24
 # logits: a chunk's forward and backward temporaries (its logits, their softmax, their gradient)
 # then stay below the whole logits they replace.
 HEAD_CHUNK_SHARE = 4
+# On a GPU, CHUNK_ELEMENTS / HEAD_CHUNK_SHARE logits are a few dozen tokens of a large vocabulary
+# (27 of Qwen's 152k): the chunk loop's launches and Python then cost far more than its matmuls
+# (an H200 spent most of a 0.5B model's SFT step there, bench/results/gpu.md). A GPU takes
+# chunks of GPU_HEAD_CHUNK_ELEMENTS logits instead (256 MiB in float32: 441 tokens of 152k).
+GPU_HEAD_CHUNK_ELEMENTS = 1 << 26
+
+
+def head_chunk_elements(device: torch.device, threshold: int = CHUNK_ELEMENTS) -> int:
+    """Logits per chunk of `head_token_stats` on `device`: `threshold / HEAD_CHUNK_SHARE` (the
+    threshold above which logits are chunked at all), or GPU_HEAD_CHUNK_ELEMENTS on a GPU."""
+    return GPU_HEAD_CHUNK_ELEMENTS if device.type == "cuda" else threshold // HEAD_CHUNK_SHARE
 
 
 def _row_chunks(logits: torch.Tensor) -> tuple[torch.Tensor, ...]:

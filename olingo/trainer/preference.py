@@ -103,8 +103,8 @@ def response_logps(
         logits = lm_logits(model, input_ids, attention_mask, packing=packing, last=keep)
         return SequenceLogps(*sequence_log_probs(logits, input_ids[:, start:], mask[:, start:]))
     # A large vocabulary: the logits a chunk of tokens at a time, never whole (docs/packing.md).
-    log_probs, _ = head_log_probs(model, head, input_ids, attention_mask, keep, packing=packing)
     scored = mask[:, start + 1 :]
+    log_probs, _ = head_log_probs(model, head, input_ids, attention_mask, keep, packing=packing, scored=scored)
     return SequenceLogps(masked_sum(log_probs, scored, dim=-1), scored.bool().sum(-1).to(torch.float32))
 
 
