@@ -70,3 +70,29 @@ def test_the_agent_demo_runs_every_stage_on_smollm2_and_writes_its_table(tmp_pat
     assert len(conversations) == 2 and [m["role"] for m in conversations[0]["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
     for run in result.run_dirs.values():
         assert (tmp_path / run.split("/")[-1] / "checkpoints" / "final").is_dir()
+
+
+def test_calculator_agent_ends_an_episode_refused_for_its_context_length_unanswered():
+    """The gateway answers a request past `agent.max_episode_tokens` with a 400
+    `context_length_exceeded`; the example agent ends that episode with reward 0 (kept, as the
+    environment keeps a truncated episode) instead of raising, which would drop its whole group.
+    Any other error still raises."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from olingo.gateway.examples import calculator
+
+    class Refused(Exception):
+        def __init__(self, code: str) -> None:
+            super().__init__(code)
+            self.code = code
+
+    def client(code: str):
+        async def create(**_):
+            raise Refused(code)
+        return SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+
+    task = {"messages": [{"role": "user", "content": "Mia has 45210 stickers. She gets 38774 more. How many?"}], "gt_answer": "83984"}
+    assert asyncio.run(calculator(task, client("context_length_exceeded"))) == {"reward": 0.0, "tool_calls": 0, "valid_calls": 0}
+    with pytest.raises(Refused):
+        asyncio.run(calculator(task, client("invalid_request_error")))

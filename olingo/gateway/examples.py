@@ -36,10 +36,18 @@ CALCULATOR_TOOLS = [tool_schema(calculate)]
 
 async def calculator(task: dict, client: Any, max_turns: int = 3) -> dict:
     """Answer a word problem, calling `calculate` as often as the model asks; the reward is 1.0
-    when the final answer's last number is the task's `gt_answer`. Also reports tool use."""
+    when the final answer's last number is the task's `gt_answer`. Also reports tool use. A
+    request refused for the context length (OpenAI's `context_length_exceeded`; the gateway's
+    spent `agent.max_episode_tokens`) ends the episode unanswered, reward 0, as the `calculator`
+    environment ends one that runs out of its token budget."""
     messages, calls, valid = list(task["messages"]), 0, 0
     for _ in range(max_turns):
-        reply = await client.chat.completions.create(model=MODEL, messages=messages, tools=CALCULATOR_TOOLS)
+        try:
+            reply = await client.chat.completions.create(model=MODEL, messages=messages, tools=CALCULATOR_TOOLS)
+        except Exception as err:
+            if getattr(err, "code", None) != "context_length_exceeded":
+                raise
+            return {"reward": 0.0, "tool_calls": calls, "valid_calls": valid}  # out of context: no final answer, as the environment ends it
         message = reply.choices[0].message
         if not message.tool_calls:
             return {"reward": final_answer_reward(message.content or "", task), "tool_calls": calls, "valid_calls": valid}
