@@ -61,7 +61,7 @@ from olingo.experience_maker.scoring import (
 )
 from olingo.rewards.functions import CompositeReward
 from olingo.rewards.judge import judge_counters
-from olingo.rl.advantages import batch_normalize, distill_advantages, gdpo_group_sum, overlong_penalty, per_token_rewards
+from olingo.rl.advantages import batch_normalize, distill_advantages, gdpo_group_sum, group_centred, overlong_penalty, per_token_rewards
 from olingo.rl.kl import kl_estimate
 from olingo.rl.masked import AllReduceSum
 from olingo.rollout import PromptBatch, RolloutSource, SingleTurnSource
@@ -322,7 +322,8 @@ class GroupExperienceMaker(SourceBacked):
             kl_rewards = torch.where(experience.action_mask, -self.config.kl_coef * experience.kl, torch.zeros_like(experience.kl))
         score = experience.score
         if self.config.reward_aggregation == "gdpo":  # GDPO's last step: over the batch of every rank (Liu et al. 2026)
-            score = batch_normalize(score.float(), self.config.std_eps, self.all_reduce_sum)
+            # the group sums have mean 0 in every group: no batch mean to subtract, an all-equal group stays exactly 0
+            score = batch_normalize(score.float(), self.config.std_eps, self.all_reduce_sum, centre=False)
         advantages, _ = self.estimator(AdvantageInputs(experience.rewards, score, experience.action_mask, None, kl_rewards))
         if experience.teacher_log_probs is None:
             return dataclasses.replace(experience, advantages=advantages)
@@ -373,7 +374,8 @@ class GroupExperienceMaker(SourceBacked):
 
 def groups_with_signal(score: torch.Tensor, num_generations: int) -> torch.Tensor:
     """(B,) scores -> (B/G,) bool: the groups whose scores are not all equal (DAPO's dynamic
-    sampling keeps only these: an all-equal group has zero advantage under every estimator)."""
+    sampling keeps only these: an all-equal group's score advantage is exactly 0 under the group
+    estimators, and one value shared by all its tokens after reinforce_pp's batch whitening)."""
     groups = score.view(-1, num_generations)
     return (groups != groups[:, :1]).any(dim=-1)
 
@@ -445,4 +447,5 @@ def collect_groups(
 
 
 def _mean_group_std(score: torch.Tensor, num_generations: int) -> float:
-    return float(score.view(-1, num_generations).std(dim=-1, unbiased=False).mean())
+    """The mean population std of the groups, exactly 0 for groups of equal scores (`group_centred`)."""
+    return float(group_centred(score.view(-1, num_generations)).pow(2).mean(dim=-1).sqrt().mean())

@@ -112,32 +112,47 @@ def _groups(scores: torch.Tensor, num_generations: int) -> torch.Tensor:
     return scores.view(-1, num_generations)
 
 
+def group_centred(groups: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Each value less the mean of its group along `dim`: exactly 0 in a group of equal values.
+
+    The float mean of G equal values can be an ulp off (8 x 1.2 in float32 is), and a std + eps
+    denominator turns that ulp into an advantage of 0.1. The deviations from the group's first
+    value are exact zeros in such a group, and so is their mean; otherwise this is r - mean(r) to
+    rounding (shifted-data centring, Chan, Golub & LeVeque 1983). Any float dtype, any device.
+    """
+    shifted = groups - groups.narrow(dim, 0, 1)
+    return shifted - shifted.mean(dim=dim, keepdim=True)
+
+
 def group_mean(scores: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """Each row's group mean reward, (B,) -> (B,)."""
-    return _groups(scores, num_generations).mean(dim=-1).repeat_interleave(num_generations)
+    """Each row's group mean reward, (B,) -> (B,): the first value plus the mean deviation from it,
+    so a group of equal values gets exactly that value back (see `group_centred`)."""
+    groups = _groups(scores, num_generations)
+    first = groups[:, :1]
+    return (first + (groups - first).mean(dim=-1, keepdim=True)).flatten().repeat_interleave(num_generations)
 
 
 def grpo_advantages(scores: torch.Tensor, num_generations: int, eps: float = 1e-6) -> torch.Tensor:
     """GRPO (Shao et al. 2024, DeepSeekMath, section 4.1.2): A_i = (r_i - mean(r)) / (std(r) + eps).
 
     scores: (B,) sequence rewards, B = groups x `num_generations` (G >= 2). Returns (B,). std is
-    the unbiased one (n - 1), as in TRL and verl. A group whose rewards are all equal gets 0.
+    the unbiased one (n - 1), as in TRL and verl. A group whose rewards are all equal gets exactly
+    0 (`group_centred`).
     """
     groups = _groups(scores, num_generations)
     if num_generations < 2:
         raise ValueError("grpo advantages need at least 2 responses per prompt (the std of one is undefined)")
-    centred = groups - groups.mean(dim=-1, keepdim=True)
-    return (centred / (groups.std(dim=-1, keepdim=True) + eps)).flatten()
+    centred = group_centred(groups)
+    return (centred / (centred.std(dim=-1, keepdim=True) + eps)).flatten()
 
 
 def dr_grpo_advantages(scores: torch.Tensor, num_generations: int) -> torch.Tensor:
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like Training", eq. 3): A_i = r_i - mean(r).
 
     No division by the group std, which up-weights groups that are nearly all right or all
-    wrong. scores: (B,) -> (B,).
+    wrong. scores: (B,) -> (B,); exactly 0 for a group of equal rewards (`group_centred`).
     """
-    groups = _groups(scores, num_generations)
-    return (groups - groups.mean(dim=-1, keepdim=True)).flatten()
+    return group_centred(_groups(scores, num_generations)).flatten()
 
 
 def rloo_advantages(scores: torch.Tensor, num_generations: int) -> torch.Tensor:
@@ -146,8 +161,10 @@ def rloo_advantages(scores: torch.Tensor, num_generations: int) -> torch.Tensor:
     if num_generations < 2:
         raise ValueError("rloo advantages need at least 2 responses per prompt (a leave-one-out baseline)")
     groups = _groups(scores, num_generations)
-    others = (groups.sum(dim=-1, keepdim=True) - groups) / (num_generations - 1)
-    return (groups - others).flatten()
+    # deviations from the first reward: the baseline is shift-invariant, and an equal group's are exact zeros
+    shifted = groups - groups[:, :1]
+    others = (shifted.sum(dim=-1, keepdim=True) - shifted) / (num_generations - 1)
+    return (shifted - others).flatten()
 
 
 def reward_to_go(rewards: torch.Tensor, action_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
@@ -181,7 +198,9 @@ def reinforce_pp_advantages(
     reward-to-go, so subtracting it there equals subtracting it from the score.
 
     rewards, action_mask: (B, A); scores: (B,) the sequence scores inside `rewards`. Returns
-    (B, A). `all_reduce_sum` makes the whitening statistics those of every rank's batch.
+    (B, A). `all_reduce_sum` makes the whitening statistics those of every rank's batch. Without
+    a KL term, a group of equal scores has returns exactly 0 after the baseline (`group_mean`); the
+    whitening then shifts them by the batch's token mean, as it does every token (Hu 2025).
     """
     returns = reward_to_go(rewards, action_mask)
     if num_generations is not None:
@@ -224,27 +243,34 @@ def gdpo_group_sum(terms: torch.Tensor, weights: torch.Tensor, num_generations: 
         raise ValueError("gdpo needs at least 2 responses per prompt (the std of one is undefined)")
     _groups(terms[:, 0], num_generations)  # refuses a batch that is not whole groups
     grouped = terms.view(-1, num_generations, terms.shape[1])
-    normalised = (grouped - grouped.mean(dim=1, keepdim=True)) / (grouped.std(dim=1, keepdim=True) + eps)
+    centred = group_centred(grouped, dim=1)  # a term equal within its group is exactly 0 there
+    normalised = centred / (centred.std(dim=1, keepdim=True) + eps)
     return (normalised * weights.to(terms.dtype)).sum(-1).flatten()
 
 
-def batch_normalize(x: torch.Tensor, eps: float = 1e-6, all_reduce_sum: AllReduceSum | None = None) -> torch.Tensor:
+def batch_normalize(
+    x: torch.Tensor, eps: float = 1e-6, all_reduce_sum: AllReduceSum | None = None, *, centre: bool = True,
+) -> torch.Tensor:
     """(x - mean) / (std + eps) over the whole batch, std the unbiased one: GDPO's last step, which
     keeps the advantage's scale from growing with the number of terms. x: (B,) -> (B,).
-    `all_reduce_sum` makes the statistics those of every data-parallel rank's batch together."""
+    `all_reduce_sum` makes the statistics those of every data-parallel rank's batch together.
+    centre=False divides by the std only, for x whose batch mean is 0 by construction (GDPO's group
+    sums): subtracting the float estimate of that 0 would move an all-equal group's exact 0 off it."""
     reduce = all_reduce_sum or (lambda t: t)
     count = reduce(torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device))
     mean = reduce(x.sum()) / count.clamp(min=1)
     var = reduce(((x - mean) ** 2).sum()) / (count - 1).clamp(min=1)
-    return (x - mean) / (var.sqrt() + eps)
+    return (x - mean if centre else x) / (var.sqrt() + eps)
 
 
 def gdpo_advantages(
     terms: torch.Tensor, weights: torch.Tensor, num_generations: int, eps: float = 1e-6, all_reduce_sum: AllReduceSum | None = None,
 ) -> torch.Tensor:
     """GDPO's sequence advantages: `batch_normalize(gdpo_group_sum(...))`. terms: (B, K); weights: (K,).
-    Returns (B,). With one term this is GRPO's advantage normalised once more over the batch."""
-    return batch_normalize(gdpo_group_sum(terms, weights, num_generations, eps), eps, all_reduce_sum)
+    Returns (B,). With one term this is GRPO's advantage normalised once more over the batch. Every
+    group's sum has mean 0, so the batch's mean is 0 and is not subtracted (`centre=False`): a group
+    whose terms are all equal keeps its exact 0."""
+    return batch_normalize(gdpo_group_sum(terms, weights, num_generations, eps), eps, all_reduce_sum, centre=False)
 
 
 # ---- on-policy distillation --------------------------------------------------------------------
