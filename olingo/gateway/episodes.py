@@ -60,17 +60,22 @@ class EpisodeState:
     untrained: int = 0
     bad_requests: int = 0
     budget_refusals: int = 0
+    context_refusals: int = 0
     failure: str | None = None
     """None, or one of FAILURES."""
     error: str = ""
+    error_class: str = ""
+    """What failed, for the log: the exception's class, `returned str`, `HTTP 400`."""
+    origin: str = ""
+    """Where the agent's exception was raised (' (at agent.py:12, in run)'), for the log."""
     reward: float = 0.0
     request_rewards: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     finished: bool = False
 
-    def fail(self, reason: str, error: str = "") -> None:
+    def fail(self, reason: str, error: str = "", error_class: str = "", origin: str = "") -> None:
         if self.failure is None:
-            self.failure, self.error = reason, error
+            self.failure, self.error, self.error_class, self.origin = reason, error, error_class, origin
 
 
 class Recorder:
@@ -181,6 +186,7 @@ def episode_metrics(states: list[EpisodeState], seconds: dict[str, float]) -> di
         "untrained_requests": float(sum(s.untrained for s in states)),
         "bad_requests": float(sum(s.bad_requests for s in states)),
         "budget_refusals": float(sum(s.budget_refusals for s in states)),
+        "context_refusals": float(sum(s.context_refusals for s in states)),
         "truncated_episodes": float(sum(s.trace.truncated for s in states)),
         **{metric: float(sum(s.failure == reason for s in states)) for reason, metric in FAILURES.items()},
         **seconds,

@@ -12,8 +12,12 @@ up for one `sample` call: it is bound when the rollout starts and closed, with e
 before `sample` returns or raises.
 
 Which client the agent gets follows its signature: `client` (an `openai.AsyncOpenAI` for an
-`async def`, an `openai.OpenAI` for a plain function, which runs in a thread), or `base_url` and
-`api_key` for a program that builds its own client.
+`async def`, an `openai.OpenAI` for a plain function, which runs in a daemon thread of its own:
+one past `timeout_s` is abandoned, and neither holds the rollout nor the process's exit), or
+`base_url` and `api_key` for a program that builds its own client.
+
+A request whose rendered prompt, plus the tokens it may sample, does not fit the model's context
+(`context_limit`) gets a 400 `context_length_exceeded` naming both lengths.
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import json
 import logging
 import math
+import os
+import threading
 import time
+import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -35,6 +42,7 @@ from olingo.engines import GenerationSettings, RolloutEngine
 from olingo.engines.base import keeping_prefixes, left_pad
 from olingo.engines.settings import resolve_stop_token_ids
 from olingo.errors import OlingoError
+from olingo.gateway.config import check_host, is_loopback
 from olingo.gateway.episodes import FAILURES, EpisodeState, Recorder, assemble, episode_metrics
 from olingo.gateway.protocol import (
     RequestError,
@@ -47,13 +55,17 @@ from olingo.gateway.protocol import (
     parse_chat,
     parse_completion,
 )
-from olingo.gateway.render import ChatRenderer, same_message
+from olingo.gateway.render import PROBE_TOOL, ChatRenderer, resolve_result_role, same_message, tool_block_tokens
 from olingo.gateway.server import Dispatcher, HttpServer, Job, LoopThread, error_response, read_json
 from olingo.rewards.registry import one_line
 from olingo.rollout.multi_turn import sampled_turn
 from olingo.rollout.source import PromptBatch, SampledBatch
+from olingo.rollout.tools import template_supports_tools
 
 logger = logging.getLogger(__name__)
+
+MAX_SYNC_AGENTS = 64
+"""Plain-function agents running at once (each on a thread of its own); the others wait their turn."""
 
 
 class AgentFailureRate(OlingoError, RuntimeError):
@@ -75,6 +87,9 @@ class GatewayLimits:
     max_body_bytes: int = 4 * 2**20
     model_name: str = "policy"
     reward_weight: float = 1.0
+    result_role: str = "auto"
+    """tool, user or auto: the role the agent's tool messages are rendered as (`render.resolve_result_role`)."""
+    allow_remote: bool = False
 
 
 class GatewaySource:
@@ -86,6 +101,33 @@ class GatewaySource:
         for name in ("httpx", "httpx2"):  # the agents' clients would log every request at INFO
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
         self.base_url: str | None = None  # while an endpoint is up (tests read it)
+        check_host(limits.host, limits.allow_remote)
+        if not is_loopback(limits.host):
+            logger.warning("agent.host=%s (agent.allow_remote): the gateway endpoint is open to other machines; its only guard is the "
+                           "per-episode keys, sent over plain HTTP: bind it to a trusted network only", limits.host)
+        self.result_role = resolve_result_role(tokenizer, limits.result_role)
+        if limits.result_role == "auto" and self.result_role == "user":
+            logger.info("agent.result_role=auto: the policy's chat template has no tool role, so the agent's tool results are rendered as user messages")
+        self.context = context_limit(engine, tokenizer)
+        self._tool_sets_checked: set[str] = set()
+        if self.context is not None and getattr(tokenizer, "chat_template", None) is not None:
+            self.check_tool_block([PROBE_TOOL], template_supports_tools(tokenizer), "the tool prompt of a single empty tool")
+
+    def check_tool_block(self, tools: list[dict], native_tools: bool, what: str | None = None) -> None:
+        """Warn, once per set of tools, when the tools' description alone (an empty conversation)
+        does not fit the model's context: every request offering them will be refused."""
+        key = json.dumps(tools, sort_keys=True, default=str)
+        if self.context is None or key in self._tool_sets_checked:
+            return
+        self._tool_sets_checked.add(key)
+        tokens = tool_block_tokens(self.tokenizer, tools, native_tools, self.result_role)
+        if tokens is not None and tokens >= self.context:
+            names = ", ".join(str(t.get("function", {}).get("name")) for t in tools)
+            logger.warning(
+                "agent: %s renders to %d tokens with an empty conversation, more than the model's context of %d tokens: every chat request "
+                "offering %s will be refused (400 context_length_exceeded); use a model with a longer context or fewer, shorter tools",
+                what or f"the tools [{names}]", tokens, self.context, "tools" if what else "them",
+            )
 
     # ---- one rollout ---------------------------------------------------------------------------
     def sample(self, prompts: PromptBatch, settings: GenerationSettings, n: int = 1) -> SampledBatch:
@@ -101,7 +143,7 @@ class GatewaySource:
                 self._serve(jobs, settings, repeated.input_ids.device, gateway)
                 seconds["generation_seconds"] += time.perf_counter() - began
         seconds["agent_seconds"] = time.perf_counter() - started - seconds["generation_seconds"]
-        self._check_failures(states)
+        self._check_failures(states, n)
         batch = assemble(states, repeated, self.tokenizer.pad_token_id, self.limits.reward_weight)
         if not gateway.engine_log_probs:
             batch.rollout.log_probs = None
@@ -127,13 +169,10 @@ class GatewaySource:
                 gateway.engine_log_probs &= log_probs is not None
                 job.settle((sampled, log_probs or [0.0] * len(sampled), stopped))
 
-    def _check_failures(self, states: list[EpisodeState]) -> None:
-        """Warn of each failed episode; an `AgentFailureRate` past `max_failure_rate`."""
+    def _check_failures(self, states: list[EpisodeState], n: int) -> None:
+        """Warn of each kind of failure; an `AgentFailureRate` past `max_failure_rate`."""
         failed = [s for s in states if s.failure is not None]
-        for state in failed[:5]:
-            logger.warning("agent episode %d dropped: %s%s", state.index, state.failure, f": {state.error}" if state.error else "")
-        if len(failed) > 5:
-            logger.warning("... and %d more agent episodes dropped", len(failed) - 5)
+        log_failures(self.agent, failed, len(states), n)
         if failed and len(failed) / len(states) > self.limits.max_failure_rate:
             counts = ", ".join(f"{reason} {sum(s.failure == reason for s in failed)}" for reason in FAILURES if any(s.failure == reason for s in failed))
             first = next(s for s in failed)
@@ -141,6 +180,49 @@ class GatewaySource:
                 f"{len(failed)} of {len(states)} agent episodes failed ({counts}), more than agent.max_failure_rate={self.limits.max_failure_rate}; "
                 f"the first: episode {first.index}, {first.failure}{': ' + first.error if first.error else ''}"
             )
+
+
+def log_failures(agent: Callable, failed: list[EpisodeState], total: int, n: int) -> None:
+    """One warning per kind of failure (reason and class) among a rollout's failed episodes: how
+    many it dropped, and the first one's prompt, episode and message, as environments' are logged."""
+    groups: dict[tuple[str, str], list[EpisodeState]] = {}
+    for state in failed:
+        groups.setdefault((state.failure or "", state.error_class), []).append(state)
+    name = f"{getattr(agent, '__module__', '?')}:{getattr(agent, '__qualname__', type(agent).__name__)}"
+    for (reason, kind), group in groups.items():
+        first = group[0]
+        logger.warning(
+            "agent %s: %s in %d of %d episodes (dropped with their groups, counted in rollout/%s); the first, prompt %d of the batch, episode %d: %s%s",
+            name, FAILURE_WORDS[reason].format(kind=kind), len(group), total, FAILURES[reason], first.index // n, first.index, first.error, first.origin,
+        )
+
+
+FAILURE_WORDS = {
+    "error": "failed with {kind}", "timeout": "timed out", "no_requests": "returned without calling the model",
+    "bad_request": "sent a request refused with {kind}", "bad_return": "{kind}",
+}
+"""How each reason in FAILURES reads in the log; kind: the `EpisodeState.error_class`."""
+
+
+def raised_at(error: BaseException) -> str:
+    """' (at file.py:12, in run)': where `error` was raised, or '' without a traceback."""
+    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ is not None else []
+    return f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+
+
+def context_limit(engine: Any, tokenizer: Any) -> int | None:
+    """The model's context in tokens: the engine's (vLLM's max_model_len), else the policy's
+    max_position_embeddings, else the tokenizer's model_max_length; None where none is known."""
+    for value in (getattr(engine, "_max_model_len", None), getattr(engine, "max_model_len", None)):
+        if isinstance(value, int) and value > 0:
+            return value
+    model = getattr(engine, "model", None)
+    model = getattr(model, "module", model)  # a DDP wrapper
+    value = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(value, int) and value > 0:
+        return value
+    value = getattr(tokenizer, "model_max_length", None)
+    return value if isinstance(value, int) and 0 < value < 10**8 else None  # transformers' "no limit" is 1e30
 
 
 def task_of(prompts: PromptBatch, k: int) -> dict[str, Any]:
@@ -171,7 +253,7 @@ class Gateway:
         """Made at the first chat request: text completions need no chat template."""
         if self._renderer is None:
             try:
-                self._renderer = ChatRenderer(self.source.tokenizer, self.stop_ids)
+                self._renderer = ChatRenderer(self.source.tokenizer, self.stop_ids, self.source.result_role)
             except ChatTemplateError as err:
                 raise RequestError(400, f"chat completions need a chat template: {err}") from None
         return self._renderer
@@ -181,30 +263,27 @@ class Gateway:
         return _Serving(self)
 
     async def run_agents(self, base_url: str) -> None:
-        pool = ThreadPoolExecutor(max_workers=min(64, len(self.states)), thread_name_prefix="olingo-agent")
-        try:
-            await asyncio.gather(*(self._episode(state, base_url, pool) for state in self.states))
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+        slots = asyncio.Semaphore(MAX_SYNC_AGENTS)
+        await asyncio.gather(*(self._episode(state, base_url, slots) for state in self.states))
 
-    async def _episode(self, state: EpisodeState, base_url: str, pool: ThreadPoolExecutor) -> None:
+    async def _episode(self, state: EpisodeState, base_url: str, slots: asyncio.Semaphore) -> None:
         """Run the agent on one episode's task, bounded by `timeout_s`; record its reward or why it failed."""
         try:
-            result = await asyncio.wait_for(call_agent(self.source.agent, state.task, base_url, state.key, self.limits.timeout_s, pool), self.limits.timeout_s)
+            result = await asyncio.wait_for(call_agent(self.source.agent, state.task, base_url, state.key, self.limits.timeout_s, slots), self.limits.timeout_s)
             if state.failure is None:
                 take_result(state, result)
         except TimeoutError:
-            state.fail("timeout", f"no result within agent.timeout_s={self.limits.timeout_s} s")
+            state.fail("timeout", f"no result within agent.timeout_s={self.limits.timeout_s} s", "TimeoutError")
         except asyncio.CancelledError:
-            state.fail("error", "cancelled")
+            state.fail("error", "cancelled", "CancelledError")
             raise
         except Exception as err:  # the agent's own error: its episode is dropped, the run goes on
-            state.fail("error", one_line(err))
+            state.fail("error", one_line(err), type(err).__name__, raised_at(err))
         finally:
             state.finished = True
             self.dispatcher.finished(state.index)
         if state.failure is None and state.requests == 0:
-            state.fail("no_requests", "the agent returned without calling the model")
+            state.fail("no_requests", "the agent returned without calling the model", "no request")
 
     # ---- handlers ------------------------------------------------------------------------------
     def routes(self) -> list[tuple[str, str, Any]]:
@@ -246,11 +325,13 @@ class Gateway:
         except RequestError as err:
             if err.status < 500 and err.code != "context_length_exceeded":
                 state.bad_requests += 1
-                state.fail("bad_request", err.message)
+                state.fail("bad_request", err.message, f"HTTP {err.status}")
             return error_response(err)
 
     async def _chat(self, state: EpisodeState, body: Any) -> dict:
         request = parse_chat(body, self.sampling)
+        if request.tools:
+            self.source.check_tool_block(request.tools, self.renderer.native_tools)
         prompt_ids = self._chat_prompt(state, request.messages, request.tools)
         request_id, sampled = await self._generate(state, prompt_ids, request.max_tokens, request.stop, request.logprobs, "chatcmpl")
         text = self._text(sampled.ids, request.stop)
@@ -293,8 +374,9 @@ class Gateway:
         self, state: EpisodeState, prompt_ids: list[int], max_tokens: int | None, stop: list[str], logprobs: bool, kind: str,
     ) -> tuple[str, _Generated]:
         """Queue the prompt for the engine, wait for its turn, record it in the episode's row."""
+        cap = min(self.cap, max_tokens or math.inf, self._context_room(state, prompt_ids, max_tokens))
         room = self.source.recorder.room(state, prompt_ids)
-        cap = min(self.cap, max_tokens or math.inf, room or math.inf)
+        cap = min(cap, room or math.inf)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         state.in_flight += 1
@@ -309,6 +391,25 @@ class Gateway:
         self.source.recorder.record(state, request_id, prompt_ids, ids, log_probs, stopped)
         pieces = [self.source.tokenizer.decode([t]) for t in ids] if logprobs else [""] * len(ids)
         return request_id, _Generated(ids, Sampled(len(prompt_ids), pieces, log_probs if logprobs else None, "stop" if stopped else "length"))
+
+    def _context_room(self, state: EpisodeState, prompt_ids: list[int], max_tokens: int | None) -> float:
+        """Tokens the model's context leaves after the prompt (inf where unknown); a 400
+        `context_length_exceeded` where the prompt and the tokens the request asks for (its
+        max_tokens within the run's caps; 1 when it names none) do not fit."""
+        limit = self.source.context
+        if limit is None:
+            return math.inf
+        wanted = min(self.cap, max_tokens) if max_tokens else 1
+        if len(prompt_ids) + wanted > limit:
+            state.context_refusals += 1
+            capped = ", capped by agent.max_new_tokens and generation.max_new_tokens" if max_tokens and wanted < max_tokens else ""
+            asked = f" and {wanted} to sample (max_tokens{capped})" if max_tokens else " and at least 1 to sample"
+            raise RequestError(
+                400, f"this model's maximum context length is {limit} tokens, but the request needs {len(prompt_ids) + wanted}: "
+                f"{len(prompt_ids)} in the rendered prompt (chat template and tools included){asked}; shorten the messages or the tools",
+                "context_length_exceeded",
+            )
+        return limit - len(prompt_ids)
 
     def _text(self, ids: list[int], stop: list[str]) -> str:
         """The sampled text without special tokens and without the stop string that ended it (as OpenAI returns it)."""
@@ -358,13 +459,15 @@ class _Serving:
 
 
 # ---- calling the agent -------------------------------------------------------------------------
-async def call_agent(agent: Callable, task: dict, base_url: str, key: str, timeout_s: float, pool: ThreadPoolExecutor) -> Any:
-    """The agent's result for `task`, given the client its signature asks for (module docstring)."""
+async def call_agent(agent: Callable, task: dict, base_url: str, key: str, timeout_s: float, slots: asyncio.Semaphore) -> Any:
+    """The agent's result for `task`, given the client its signature asks for (module docstring);
+    a plain function on a daemon thread, once one of `slots` is free."""
     params = inspect.signature(agent).parameters
     if "base_url" in params:
         if inspect.iscoroutinefunction(agent):
             return await agent(dict(task), base_url=base_url, api_key=key)
-        return await asyncio.get_running_loop().run_in_executor(pool, lambda: agent(dict(task), base_url=base_url, api_key=key))
+        async with slots:
+            return await in_daemon_thread(lambda: agent(dict(task), base_url=base_url, api_key=key))
     import openai
 
     # verify=False: the endpoint is plain HTTP, and a client that loads the CA bundle takes ~40 ms to make
@@ -380,7 +483,38 @@ async def call_agent(agent: Callable, task: dict, base_url: str, key: str, timeo
         with openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout_s, http_client=openai.DefaultHttpxClient(verify=False)) as client:
             return agent(dict(task), client)
 
-    return await asyncio.get_running_loop().run_in_executor(pool, run_sync)
+    async with slots:
+        return await in_daemon_thread(run_sync)
+
+
+async def in_daemon_thread(fn: Callable[[], Any]) -> Any:
+    """`fn()` on a daemon thread of its own. Awaiting it can be cancelled (a timeout): the call
+    cannot be stopped, so it is abandoned, and as a daemon it does not hold the process's exit
+    (a pool's worker would: Python joins those at exit)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def run() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (fn(), None)
+        except BaseException as err:  # handed to the awaiting episode
+            outcome = (None, err)
+        try:
+            loop.call_soon_threadsafe(_settle_call, future, *outcome)
+        except RuntimeError:
+            pass  # the loop has closed: the episode was abandoned long ago
+
+    threading.Thread(target=run, name="olingo-agent", daemon=True).start()
+    return await future
+
+
+def _settle_call(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
+    if future.done():  # cancelled: the episode timed out
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
 
 
 def take_result(state: EpisodeState, result: Any) -> None:
@@ -390,17 +524,20 @@ def take_result(state: EpisodeState, result: Any) -> None:
         state.reward = float(result)
         return
     if not isinstance(result, dict) or not _number(result.get("reward", 0.0)):
-        state.fail("bad_return", f"expected a finite number or a dict with a 'reward' number, got {type(result).__name__}")
+        got = type(result).__name__ if not isinstance(result, dict) else f"'reward': {json.dumps(result.get('reward'), default=str)[:40]}"
+        kind = f"returned {type(result).__name__} instead of a reward" if not isinstance(result, dict) else "returned a dict without a 'reward' number"
+        state.fail("bad_return", f"expected a finite number or a dict with a 'reward' number, got {got}", kind)
         return
     per_request = result.get("request_rewards") or {}
     unknown = [rid for rid in per_request if rid not in state.request_ends] if isinstance(per_request, dict) else None
     if unknown is None or unknown or not all(_number(v) for v in per_request.values()):
         unknown_ids = f"; unknown: {unknown[:3]}" if unknown else ""
-        state.fail("bad_return", f"request_rewards must map ids of this episode's trained requests to numbers{unknown_ids}")
+        state.fail("bad_return", f"request_rewards must map ids of this episode's trained requests to numbers{unknown_ids}", "returned a malformed dict")
         return
     others = {k: v for k, v in result.items() if k not in ("reward", "request_rewards")}
     if not all(_number(v) for v in others.values()):
-        state.fail("bad_return", f"every other value of the returned dict must be a number (logged as agent/<name>), got {sorted(others)}")
+        message = f"every other value of the returned dict must be a number (logged as agent/<name>), got {sorted(others)}"
+        state.fail("bad_return", message, "returned a malformed dict")
         return
     state.reward, state.request_rewards = float(result.get("reward", 0.0)), {k: float(v) for k, v in per_request.items()}
     state.metrics = {k: float(v) for k, v in others.items()}
