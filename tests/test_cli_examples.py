@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import shlex
 import sys
@@ -96,6 +97,34 @@ def help_examples() -> list[Example]:
 
 
 EXAMPLES = doc_examples() + help_examples()
+# Modules whose `python -m` lines in the docs write a prompts file an example then trains on (-> the
+# library each needs): the slow test runs those lines, so the example trains on the rows it shows.
+WRITERS = {"olingo.rollout.reasoning_gym": "reasoning_gym"}
+
+
+def written_files() -> dict[str, list[str]]:
+    """Each file a WRITERS line of the docs' bash blocks writes -> that line's argv after `-m`."""
+    found = {}
+    for path in DOCS:
+        for block in re.finditer(r"```(?:bash|sh|shell)\n(.*?)```", path.read_text(), flags=re.S):
+            for line in block.group(1).replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                if words[:2] == ["python", "-m"] and len(words) > 4 and words[2] in WRITERS:
+                    found[words[4]] = words[2:]
+    return found
+
+
+WRITTEN = written_files()
+
+
+def write_with(argv: list[str], root: Path) -> None:
+    """Run a WRITERS line in-process, its output file in `root` (skips without its library)."""
+    import importlib
+
+    module, *args = argv
+    pytest.importorskip(WRITERS[module])
+    args[1] = str(root / args[1])
+    importlib.import_module(module).main(args)
 
 
 def example_id(example: Example) -> str:
@@ -190,7 +219,9 @@ def prepare(example: Example, root: Path, assets, rm_dir: Path | None = None) ->
     for key, value in overrides.items():
         kind = DATA_KINDS.get((example.stage, key))
         for item in items(value) if kind else []:
-            if not item.startswith("builtin:"):
+            if rm_dir is not None and item in WRITTEN:
+                write_with(WRITTEN[item], root)
+            elif not item.startswith("builtin:"):
                 make_data(root, item, kind, assets)
     if rm_dir is not None:
         for key in MODEL_KEYS:
@@ -334,3 +365,7 @@ def test_every_offline_stage_example_trains_with_tiny_lengths(example, at_home, 
     code, text = run([*example.argv, *tiny_overrides(example, at_home, assets)], capsys)
     assert code == 0, f"{example.where}: {example.line}\n{text}"
     assert "final" in text and "run directory:" in text
+    if any(item in WRITTEN for key, value in example.overrides().items() if DATA_KINDS.get((example.stage, key)) for item in items(value)):
+        run_dir = Path(re.search(r"run directory: *(\S+)", text).group(1))
+        errors = [r["rollout/env_errors"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "rollout/env_errors" in r]
+        assert errors and not any(errors)  # its environment read the rows written for it

@@ -4,6 +4,7 @@ engine with how it samples (`generation:`). The loop section (`loop:`) is
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -13,6 +14,8 @@ from olingo.config import StrictModel
 from olingo.dataset.limits import OVERLONG_DESCRIPTION, Overlong
 from olingo.engines import GenerationSettings
 from olingo.engines.vllm import VLLMSettings
+
+logger = logging.getLogger("olingo.rollout")
 
 
 class PromptDataConfig(StrictModel):
@@ -88,7 +91,9 @@ class EnvironmentConfig(StrictModel):
         "{calc: {name: tools, params: {tools: [my_pkg.tools:add]}}}",
     )
     max_turns: int = Field(4, ge=1, description="assistant turns per episode at most")
-    max_new_tokens: int = Field(256, ge=1, description="sampled tokens per assistant turn at most (also capped by generation.max_new_tokens)")
+    max_new_tokens: int = Field(
+        256, ge=1, description="sampled tokens per assistant turn at most; capped by generation.max_new_tokens (a warning at start says when it is)",
+    )
     max_episode_tokens: int = Field(
         1024, ge=1, description="response tokens of a whole episode, sampled and environment ones; a turn or reply past it ends the episode",
     )
@@ -113,14 +118,25 @@ class EnvironmentConfig(StrictModel):
         choices = {alias: (choice.name, choice.params) for alias, choice in self.choices.items()}
         return EnvironmentCatalog(self.name, self.params, choices, key="environment")
 
+    def check_tokenizer(self, tokenizer: Any) -> None:
+        """A one-line error naming the field to set unless the chat template renders the tool
+        results of every configured tool environment (`check_result_roles`); cheap, so it runs as
+        soon as the tokenizer is loaded."""
+        if self.name is not None:
+            from olingo.rollout.tools import check_result_roles
+
+            check_result_roles(self.catalog(), tokenizer)
+
     def source(self, engine: Any, tokenizer: Any, prompt_sources: Sequence[str] = (), *, split_rows: bool = False) -> Any:
         """The `MultiTurnSource` of this section on `engine` (None when no environment is named),
-        after checking the `environment` field of every row of `prompt_sources`. split_rows: a
-        template split goes on in a new segment of the row (the forwards pack: `model.packing`)."""
+        after checking the `environment` field of every row of `prompt_sources` and the chat
+        template (`check_tokenizer`). split_rows: a template split goes on in a new segment of the
+        row (the forwards pack: `model.packing`)."""
         if self.name is None:
             return None
         from olingo.rollout.multi_turn import EpisodeLimits, MultiTurnSource
 
+        self.check_tokenizer(tokenizer)
         catalog = self.catalog()
         check_row_environments(catalog, prompt_sources)
         limits = EpisodeLimits(self.max_turns, self.max_new_tokens, self.max_episode_tokens)
@@ -130,10 +146,31 @@ class EnvironmentConfig(StrictModel):
         )
 
 
+def warn_turn_cap(environment: EnvironmentConfig, generation: GenerationSection) -> None:
+    """A warning at start when `generation.max_new_tokens` caps `environment.max_new_tokens`:
+    every turn samples at most the smaller of the two."""
+    if environment.name is not None and environment.max_new_tokens > generation.max_new_tokens:
+        logger.warning(
+            "environment.max_new_tokens=%d is capped by generation.max_new_tokens=%d: each assistant turn samples at most %d tokens "
+            "(raise generation.max_new_tokens for longer turns, or set environment.max_new_tokens to at most it)",
+            environment.max_new_tokens, generation.max_new_tokens, generation.max_new_tokens,
+        )
+
+
 def check_one_source(environment: EnvironmentConfig, agent: Any) -> None:
     """An environment and an agent are two rollout sources: a run has one."""
     if environment.name is not None and agent.function is not None:
         raise ValueError("environment.name and agent.function both set: episodes come from an environment or from an agent program, not both")
+
+
+def check_template(environment: EnvironmentConfig, agent: Any, generation: Any, tokenizer: Any) -> None:
+    """The rollout source's chat-template probe (a tool role the template lacks: one line, exit 2)
+    and the environment's turn-cap warning. Both need the tokenizer alone, so the recipes call this
+    as soon as it loads, before any model does."""
+    if agent.function is not None:
+        agent.check_tokenizer(tokenizer)
+    environment.check_tokenizer(tokenizer)
+    warn_turn_cap(environment, generation)
 
 
 def source_section(cfg: Any) -> Any:

@@ -43,6 +43,7 @@ from olingo.recipes.common import (
     resolve_model_path,
 )
 from olingo.recipes.online import environment_source, load_prompt_data, online_trainer, resume_and_fit, rollouts
+from olingo.recipes.online_config import check_template
 from olingo.recipes.ppo_config import PPOConfig, PPOModelConfig, RewardConfig  # noqa: F401 - importable from here as before
 from olingo.recipes.rewards import load_reward, probe_user_functions
 from olingo.rewards.functions import CompositeReward
@@ -75,6 +76,7 @@ def load_models(cfg: PPOConfig, inference_device: torch.device | str) -> PPOMode
     })
     source = resolve_model_path(m.actor, m.gguf_file)
     tokenizer = load_tokenizer(resolve_model_path(m.tokenizer) if m.tokenizer else source, padding_side="left", chat_template=m.chat_template)
+    check_template(cfg.environment, cfg.agent, cfg.generation, tokenizer)  # before any model loads
     stops = stop_token_ids(tokenizer, source)
     load = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     actor = m.lora.apply(load_causal_lm(source, **load))

@@ -43,7 +43,7 @@ from olingo.recipes.common import (
     resume_checkpoint,
 )
 from olingo.recipes.grpo_config import GRPOConfig
-from olingo.recipes.online_config import check_row_environments
+from olingo.recipes.online_config import check_row_environments, check_template
 from olingo.recipes.ppo_config import PPOConfig
 from olingo.recipes.rewards import probe_user_functions
 from olingo.rewards.rlvr import get_reward_function
@@ -153,7 +153,9 @@ def run_on_ray(cfg: RayRecipeConfig, algorithm: RayAlgorithm, run_dir: Path, che
         maker_names = [f"{cfg.run.name}-maker{i}-{suffix}" for i in range(rc.num_makers)]
         makers: list[Any] = []
         models = algorithm.maker_models
-        stops = stop_token_ids(load_tokenizer(models.tokenizer, chat_template=cfg.model.chat_template), models.actor)  # the same for every maker
+        tokenizer = load_tokenizer(models.tokenizer, chat_template=cfg.model.chat_template)
+        check_template(cfg.environment, cfg.agent, cfg.generation, tokenizer)  # one line here, not one per maker
+        stops = stop_token_ids(tokenizer, models.actor)  # the same for every maker
         for i, name in enumerate(maker_names):  # each recorded at once: a later failure still shuts it down
             makers.append(_spawn_maker(cfg, algorithm, launch, i, name, trainer_name, stops))
             actors.append(makers[-1])

@@ -84,10 +84,10 @@ class CalculatorEnvironment(ToolEnvironment):
     """`calculate` as the only tool, rewarded by `final_answer_reward`; the keyword arguments
     are `ToolEnvironment`'s (`environment.params` in a config)."""
 
-    def __init__(self, call_timeout_s: float = 5.0, max_invalid_calls: int = 2, max_calls_per_turn: int = 4) -> None:
+    def __init__(self, call_timeout_s: float = 5.0, max_invalid_calls: int = 2, max_calls_per_turn: int = 4, result_role: str = "tool") -> None:
         super().__init__(
             [calculate], reward=final_answer_reward, call_timeout_s=call_timeout_s,
-            max_invalid_calls=max_invalid_calls, max_calls_per_turn=max_calls_per_turn,
+            max_invalid_calls=max_invalid_calls, max_calls_per_turn=max_calls_per_turn, result_role=result_role,
         )
 
 

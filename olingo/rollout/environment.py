@@ -19,14 +19,19 @@ import asyncio
 import functools
 import importlib
 import inspect
+import math
+import numbers
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Collection, Coroutine, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import numpy
 
 from olingo.config_errors import did_you_mean
 from olingo.errors import OlingoError
@@ -165,12 +170,17 @@ class EnvironmentCatalog:
             return self.choices[name]
         return name, {}
 
+    def configured(self) -> list[tuple[str, str, str, dict[str, Any]]]:
+        """(name key, params key, spec, params) of the default environment and of every choice."""
+        entries = [(f"{self.key}.name", f"{self.key}.params", self.default, self.params)]
+        for alias, (spec, params) in self.choices.items():
+            entries.append((f"{self.key}.choices.{alias}.name", f"{self.key}.choices.{alias}.params", spec, params))
+        return entries
+
     def check_all(self) -> None:
         """One-line EnvironmentSpecErrors naming the config field: every configured environment
         resolves and takes its parameters (run when the config is built, before any episode)."""
-        entries = [(f"{self.key}.name", f"{self.key}.params", self.default, self.params)]
-        entries += [(f"{self.key}.choices.{alias}.name", f"{self.key}.choices.{alias}.params", spec, params) for alias, (spec, params) in self.choices.items()]
-        for name_key, params_key, spec, params in entries:
+        for name_key, params_key, spec, params in self.configured():
             try:
                 cls = resolve_environment(spec)
             except EnvironmentSpecError as err:
@@ -223,19 +233,45 @@ def _qualified(obj: Any) -> str:
 
 
 # ---- checking what an environment returns -------------------------------------------------
+class EnvironmentReturnError(OlingoError, ValueError):
+    """An environment whose reset or step returns what the protocol does not take, or a reply the
+    chat template cannot render: a programming mistake that would fail every episode, so the run
+    stops with one line (an exception raised inside a step is a runtime failure instead: counted)."""
+
+
+def environment_name(env: Any) -> str:
+    """'module:Class', the way a config names the environment's class."""
+    cls = type(env)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def check_reset(result: Any, env: Any, row: int) -> None:
+    """Nothing unless `result` (what reset returned) is not None: the episode's first context is
+    the row's prompt and reset adds no tokens, so a returned observation would be silently lost."""
+    if result is not None:
+        raise EnvironmentReturnError(
+            f"environment {environment_name(env)} (row {row}): reset must return None, got {type(result).__name__} {one_line_repr(result)}: "
+            "the episode's first context is the row's own prompt (reset adds no messages), so put what the policy should see first into the prompt rows"
+        )
+
+
 def check_step(result: Any, env: Any, row: int) -> EnvStep:
-    """`result` if it is a well-formed `EnvStep`, else a one-line ValueError naming the
+    """`result` if it is a well-formed `EnvStep`, else a one-line EnvironmentReturnError naming the
     environment class and the row: a wrong return is a programming error and stops the run."""
-    where = f"environment {type(env).__name__} (row {row})"
+    where = f"environment {environment_name(env)} (row {row})"
     if not isinstance(result, EnvStep):
-        raise ValueError(f"{where}: step must return an EnvStep, got {type(result).__name__}")
+        got = f"{type(result).__name__} {one_line_repr(result)}"
+        raise EnvironmentReturnError(f"{where}: step must return an olingo.rollout.EnvStep, got {got}")
     if not isinstance(result.messages, list):
-        raise ValueError(f"{where}: EnvStep.messages must be a list of {{'role', 'content'}} dicts, got {type(result.messages).__name__}")
+        raise EnvironmentReturnError(f"{where}: EnvStep.messages must be a list of {{'role', 'content'}} dicts, got {type(result.messages).__name__}")
     for message in result.messages:
         if not (isinstance(message, dict) and isinstance(message.get("role"), str) and "content" in message):
-            raise ValueError(f"{where}: EnvStep.messages must be a list of {{'role', 'content'}} dicts, got {one_line_repr(message)}")
-    if isinstance(result.reward, bool) or not isinstance(result.reward, (int, float)):
-        raise ValueError(f"{where}: EnvStep.reward must be a number, got {type(result.reward).__name__}")
+            raise EnvironmentReturnError(f"{where}: EnvStep.messages must be a list of {{'role', 'content'}} dicts, got {one_line_repr(message)}")
+    reward = result.reward
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        raise EnvironmentReturnError(f"{where}: EnvStep.reward must be a finite number, got {type(reward).__name__} {one_line_repr(reward)}")
+    if not isinstance(result.done, bool | numpy.bool_):
+        raise EnvironmentReturnError(f"{where}: EnvStep.done must be True or False, got {type(result.done).__name__} {one_line_repr(result.done)}")
     return result
 
 
@@ -260,10 +296,11 @@ def call_all(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float
     """Run `fn(*args)` for every call concurrently, each bounded by `timeout_s` seconds.
 
     Returns the results in order; a call that raised or ran past its timeout gives an
-    `EnvFailure`. Plain functions run in a thread pool, `async def` ones on an event loop. A
-    plain call past its timeout cannot be stopped: its thread is left to finish on its own, and
-    the pool it holds is retired (no later call waits behind it), so a step that never returns
-    keeps one thread.
+    `EnvFailure`. Plain functions run in a thread pool, `async def` ones on an event loop (on a
+    thread of its own). A call past its timeout cannot be stopped: it is abandoned, its thread
+    left to finish on its own, and the pool it holds is retired (no later call waits behind it).
+    Every thread is a daemon: an abandoned call that never returns neither holds the caller nor
+    keeps the process from exiting (it is not joined; it runs until the process exits).
 
     The pools are kept between calls (`_Pools`): starting a thread costs ~50 us, and a run
     makes a `call_all` per turn, each environment step a nested one for its tools.
@@ -274,7 +311,7 @@ def call_all(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float
     pool = _POOLS.get(depth)
     has_async = any(inspect.iscoroutinefunction(fn) for fn, _ in calls)
     calls = [(fn, args) if inspect.iscoroutinefunction(fn) else (_at_depth, (depth + 1, fn, args)) for fn, args in calls]
-    results = _run_coroutine(_gather(calls, timeout_s, pool)) if has_async else _threads(calls, timeout_s, pool)
+    results = _on_event_loop(calls, timeout_s, pool, depth) if has_async else _threads(calls, timeout_s, pool, depth)
     if any(isinstance(r, EnvFailure) and isinstance(r.error, TimeoutError | asyncio.TimeoutError) for r in results):
         _POOLS.retire(depth, pool)
     return results
@@ -285,6 +322,72 @@ def _at_depth(depth: int, fn: Callable[..., Any], args: tuple) -> Any:
     environment step calling its tools) uses the next depth's pool, never waiting on its own."""
     _POOLS.local.depth = depth
     return fn(*args)
+
+
+class DaemonPool(Executor):
+    """A thread pool whose threads are daemons, which the interpreter does not join at exit.
+
+    The stdlib's ThreadPoolExecutor joins its workers when the process exits, even after
+    `shutdown(wait=False)`, so one stuck call would keep a finished run alive forever. Like it,
+    this pool starts a thread for a call only when no idle one is waiting, up to `max_workers`,
+    and reuses idle threads. Once shut down, its threads end when they are idle, and a call
+    still submitted (by a caller that got the pool before) runs on a thread of its own."""
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self._max_workers, self._name = max_workers, name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # calls, and None: one thread ends
+        self._idle = threading.Semaphore(0)  # released by each thread that waits for work
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def submit(self, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
+        """Run `fn(*args, **kwargs)` on a pool thread; its `Future`."""
+        future: Future[R] = Future()
+        with self._lock:
+            self._queue.put((future, fn, args, kwargs))
+            if self._closed:  # a thread for this call alone, ended by the None after it
+                self._queue.put(None)
+                self._start_thread()
+            elif not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
+                self._start_thread()
+        return future
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args, kwargs = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as err:  # the call's own error, handed to its caller
+                    future.set_exception(err)
+            del item, future, fn, args, kwargs  # no reference to the last call's objects while idle
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Each thread ends once the calls queued before are taken (a busy one after its call);
+        `cancel_futures` cancels those not started; `wait` joins the threads (never a stuck one's
+        pool: call_all does not wait)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed, threads = True, list(self._threads)
+            while cancel_futures:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+            for _ in threads:
+                self._queue.put(None)
+        for thread in threads if wait else ():
+            thread.join()
 
 
 class _Pools:
@@ -300,19 +403,19 @@ class _Pools:
     def __init__(self) -> None:
         self.local = threading.local()
         self._lock = threading.Lock()
-        self._pools: dict[int, ThreadPoolExecutor] = {}
+        self._pools: dict[int, DaemonPool] = {}
 
-    def get(self, depth: int) -> ThreadPoolExecutor:
+    def get(self, depth: int) -> DaemonPool:
         with self._lock:
             if depth not in self._pools:
-                self._pools[depth] = ThreadPoolExecutor(max_workers=self.MAX_WORKERS, thread_name_prefix=f"olingo-env{depth}")
+                self._pools[depth] = DaemonPool(self.MAX_WORKERS, f"olingo-env{depth}")
             return self._pools[depth]
 
-    def retire(self, depth: int, pool: ThreadPoolExecutor) -> None:
+    def retire(self, depth: int, pool: DaemonPool) -> None:
         with self._lock:
             if self._pools.get(depth) is pool:
                 del self._pools[depth]
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=False)  # calls other callers queued on it still run
 
     def forget(self) -> None:
         """In a forked child: start again with no pools (and a lock no parent thread holds)."""
@@ -321,9 +424,17 @@ class _Pools:
 
 _POOLS = _Pools()
 os.register_at_fork(after_in_child=_POOLS.forget)
+# How long past the calls' own timeout an event loop may run before it is abandoned: its
+# `wait_for`s end every call by then, unless a call blocks the loop itself (time.sleep in async code).
+_LOOP_GRACE_S = 1.0
+_PENDING = object()  # a result not in yet
 
 
-def _threads(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float, pool: ThreadPoolExecutor) -> list[Any]:
+class _Abandoned(Exception):
+    """An event loop that did not finish in its time: its thread is left running."""
+
+
+def _threads(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float, pool: DaemonPool, depth: int) -> list[Any]:
     """Plain functions on the pool, without an event loop: starting one per call costs about a
     millisecond, which a tool environment (a `call_all` inside each step) would pay per step.
     All calls are submitted at once, so one deadline bounds each by `timeout_s` from its
@@ -336,10 +447,11 @@ def _threads(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float
         try:
             result = future.result(timeout=max(0.0, deadline - time.monotonic()))
             if inspect.isawaitable(result):
-                result = _run_coroutine(asyncio.wait_for(_awaited(result), max(0.0, deadline - time.monotonic())))
+                left = max(0.0, deadline - time.monotonic())
+                result = _run_coroutine(asyncio.wait_for(_awaited(result), left), left + _LOOP_GRACE_S, depth)
         except (KeyboardInterrupt, SystemExit):
             raise  # a stop asked for inside a step stops the run, as on the event loop
-        except FutureTimeout:
+        except (FutureTimeout, _Abandoned):
             result = EnvFailure(TimeoutError())
         except BaseException as err:  # the call's own error, returned in its place
             result = EnvFailure(err)
@@ -351,42 +463,63 @@ async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
-async def _gather(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float, pool: ThreadPoolExecutor) -> list[Any]:
-    results = await asyncio.gather(*(_call(fn, args, timeout_s, pool) for fn, args in calls), return_exceptions=True)
-    return [EnvFailure(r) if isinstance(r, BaseException) else r for r in results]
+def _on_event_loop(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float, pool: DaemonPool, depth: int) -> list[Any]:
+    """The calls on an event loop; a call that blocks the loop past the calls' timeout (and the
+    grace) leaves every call not finished by then a timeout, and the loop's thread running."""
+    results: list[Any] = [_PENDING] * len(calls)
+    try:
+        _run_coroutine(_gather(calls, timeout_s, pool, results), timeout_s + _LOOP_GRACE_S, depth)
+    except _Abandoned:
+        pass  # what finished is in `results`
+    return [EnvFailure(TimeoutError()) if r is _PENDING else r for r in list(results)]
 
 
-async def _call(fn: Callable[..., Any], args: tuple, timeout_s: float, pool: ThreadPoolExecutor) -> Any:
+async def _gather(calls: Sequence[tuple[Callable[..., Any], tuple]], timeout_s: float, pool: DaemonPool, results: list[Any]) -> None:
+    """Each call's result (or EnvFailure) into `results` as soon as it is in."""
+
+    async def one(index: int, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            results[index] = await _call(fn, args, timeout_s, pool)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:  # the call's own error or its timeout, returned in its place
+            results[index] = EnvFailure(err)
+
+    await asyncio.gather(*(one(i, fn, args) for i, (fn, args) in enumerate(calls)))
+
+
+async def _call(fn: Callable[..., Any], args: tuple, timeout_s: float, pool: DaemonPool) -> Any:
     """One call, async or not, within `timeout_s` (a sync function that returns an awaitable
     has it awaited in the time left)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     if inspect.iscoroutinefunction(fn):
         return await asyncio.wait_for(fn(*args), timeout_s)
-    result = await asyncio.wait_for(loop.run_in_executor(pool, fn, *args), timeout_s)
+    result = await asyncio.wait_for(asyncio.wrap_future(pool.submit(fn, *args)), timeout_s)
     if inspect.isawaitable(result):
         result = await asyncio.wait_for(result, max(0.0, deadline - loop.time()))
     return result
 
 
-def _run_coroutine(coroutine: Coroutine[Any, Any, R]) -> R:
-    """Run `coroutine` to completion, also from code that is itself inside a running event loop
-    (a notebook, an async actor), where `asyncio.run` refuses: there it runs on a fresh thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
+def _run_coroutine(coroutine: Coroutine[Any, Any, R], timeout_s: float, depth: int) -> R:
+    """Run `coroutine` to completion on a fresh event loop on a daemon thread (also from code
+    inside a running event loop, where `asyncio.run` refuses), waiting at most `timeout_s`:
+    past it, `_Abandoned`, and the thread is left running (a coroutine that blocks its loop).
+    A `call_all` the coroutine makes uses the pools of the next depth, as `_at_depth`'s do."""
     box: dict[str, Any] = {}
 
     def target() -> None:
+        _POOLS.local.depth = depth + 1
         try:
             box["value"] = asyncio.run(coroutine)
         except BaseException as err:  # handed to the caller's thread below
             box["error"] = err
 
-    thread = threading.Thread(target=target, name="olingo-env-loop")
+    thread = threading.Thread(target=target, name=f"olingo-env{depth}-loop", daemon=True)
     thread.start()
-    thread.join()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise _Abandoned()
     if "error" in box:
         raise box["error"]
     return box["value"]

@@ -30,7 +30,10 @@ sampled turn is scored in exactly the context the engine sampled it from. Withou
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,12 +45,25 @@ from olingo.dataset.chat_tokens import encode_chat, require_chat_template
 from olingo.engines import GenerationSettings, Rollout, RolloutEngine
 from olingo.engines.base import keeping_prefixes, left_pad
 from olingo.engines.settings import resolve_stop_token_ids
-from olingo.rollout.environment import ROW_FIELD, EnvFailure, Environment, EnvironmentSpecError, call_all, check_step, resolve_environment
+from olingo.rewards.registry import one_line
+from olingo.rollout.environment import (
+    ROW_FIELD,
+    EnvFailure,
+    Environment,
+    EnvironmentReturnError,
+    EnvironmentSpecError,
+    call_all,
+    check_reset,
+    check_step,
+    environment_name,
+    resolve_environment,
+)
 from olingo.rollout.source import PromptBatch, SampledBatch
 
 # Distinctive stand-in contents: no template alters them, and they are easy to find again.
 _USER_STAND_IN = "olingo multi-turn user stand-in"
 _ASSISTANT_STAND_IN = "olingo multi-turn assistant stand-in"
+logger = logging.getLogger("olingo.rollout")
 
 
 @dataclass
@@ -80,6 +96,8 @@ class Episode:
     env: Any
     prompt: list[int]
     """The row's prompt ids, without padding."""
+    index: int = 0
+    """Which of the row's n episodes it is (in error messages)."""
     tokens: list[int] = field(default_factory=list)
     """The trajectory: sampled and environment tokens, in order."""
     sampled: list[bool] = field(default_factory=list)
@@ -163,8 +181,9 @@ class MultiTurnSource:
     `environment_for(name)` returns (default: the class `resolve_environment` names, built
     without arguments), so one batch may mix environments. step_timeout_s
     bounds each reset and step call; one that raises or runs past it ends its episode with
-    reward 0 (`env_errors`). A step that returns anything but a well-formed `EnvStep` is a
-    ValueError naming the environment and the row, which stops the run.
+    reward 0 (`env_errors`; the first of each kind per batch is logged: `log_failures`). A step
+    that returns anything but a well-formed `EnvStep`, or a reset anything but None, is an
+    `EnvironmentReturnError` naming the environment and the row, which stops the run.
     """
 
     def __init__(
@@ -181,12 +200,13 @@ class MultiTurnSource:
     def sample(self, prompts: PromptBatch, settings: GenerationSettings, n: int = 1) -> SampledBatch:
         """n episodes for each of the B prompts: (N, P + A) rows, prompt-major."""
         delta = EnvDelta(self.tokenizer, resolve_stop_token_ids(settings, self.tokenizer))
-        clock = {"env_seconds": 0.0, "generation_seconds": 0.0, "log_probs": True}
+        clock: dict[str, Any] = {"env_seconds": 0.0, "generation_seconds": 0.0, "log_probs": True, "failures": []}
         episodes = self._start(prompts, n, clock)
         with keeping_prefixes(self.engine):  # turn k continues from turn k-1's KV cache where the engine can
             while live := [e for e in episodes if e.end is None]:
                 self._sample_turn(live, settings, prompts.input_ids.device, clock)
                 self._step(live, delta, clock)
+        log_failures(clock["failures"], len(episodes), self.step_timeout_s)
         return self._assemble(prompts, n, episodes, clock)
 
     def _start(self, prompts: PromptBatch, n: int, clock: dict) -> list[Episode]:
@@ -201,14 +221,18 @@ class MultiTurnSource:
         mask, factories = prompts.attention_mask.bool(), self._row_factories(fields.get(ROW_FIELD), prompts.size)
         messages = prompts.messages or [None] * prompts.size
         episodes = [
-            Episode(row=i, env=factories[i](), prompt=prompts.input_ids[i][mask[i]].tolist(), history=list(messages[i]) if messages[i] else None)
-            for i in range(prompts.size) for _ in range(n)
+            Episode(row=i, env=factories[i](), prompt=prompts.input_ids[i][mask[i]].tolist(), index=k, history=list(messages[i]) if messages[i] else None)
+            for i in range(prompts.size) for k in range(n)
         ]
         started = time.perf_counter()
         results = call_all([(e.env.reset, (dict(rows[e.row]),)) for e in episodes], self.step_timeout_s)
         clock["env_seconds"] += time.perf_counter() - started
         for episode, result in zip(episodes, results, strict=True):
             episode.reset_failed = isinstance(result, EnvFailure)
+            if episode.reset_failed:
+                clock["failures"].append(("reset", episode, result.error))
+            else:
+                check_reset(result, episode.env, episode.row)
         return episodes
 
     def _row_factories(self, names: list[Any] | None, size: int) -> list[Callable[[], Environment]]:
@@ -271,6 +295,7 @@ class MultiTurnSource:
             if episode.history is not None:
                 episode.history.append({"role": "assistant", "content": text})
             if isinstance(result, EnvFailure):
+                clock["failures"].append(("step", episode, result.error))
                 episode.reward, episode.step_rewards = 0.0, []
                 episode.finish("env_error")
                 continue
@@ -290,8 +315,11 @@ class MultiTurnSource:
         try:
             ids = delta.ids(messages, episode.last_turn[-1])
         except (TemplateError, ValueError, TypeError, KeyError) as err:
-            raise ValueError(
-                f"environment {type(episode.env).__name__} (row {episode.row}): the chat template cannot render its reply: {' '.join(str(err).split())}"
+            roles = sorted({str(m.get("role")) for m in messages})
+            hint = "; a template without a 'tool' role takes tool results as role 'user' (the tools environment: result_role: user)" if "tool" in roles else ""
+            raise EnvironmentReturnError(
+                f"environment {environment_name(episode.env)} (row {episode.row}): the chat template cannot render its reply "
+                f"(roles {', '.join(roles)}): {' '.join(str(err).split())}{hint}"
             ) from err
         if episode.history is not None:
             episode.history.extend(messages)
@@ -311,9 +339,8 @@ class MultiTurnSource:
         try:
             ids = encode_chat(self.tokenizer, episode.history, add_generation_prompt=True)
         except (TemplateError, ValueError, TypeError, KeyError) as err:
-            raise ValueError(
-                f"environment {type(episode.env).__name__} (row {episode.row}): the chat template cannot render the conversation: {' '.join(str(err).split())}"
-            ) from err
+            where = f"environment {environment_name(episode.env)} (row {episode.row})"
+            raise EnvironmentReturnError(f"{where}: the chat template cannot render the conversation: {' '.join(str(err).split())}") from err
         if len(ids) + 1 > self.limits.max_episode_tokens - len(episode.tokens):
             episode.finish("budget", truncated=True)
             return
@@ -394,6 +421,32 @@ def episode_metrics(episodes: list[Episode], clock: dict) -> dict[str, float]:
         "generation_seconds": clock["generation_seconds"],
         **environment_counters(episodes),
     }
+
+
+def log_failures(failures: list[tuple[str, Episode, BaseException]], total: int, timeout_s: float) -> None:
+    """One warning per environment class, method (reset, step) and kind of error (exception class)
+    among a batch's failed calls, `(method, episode, error)` in the order they came: how many of
+    the `total` episodes it ended, and the first one's row, episode and message, so an environment
+    that always raises does not pass for a policy that earns reward 0."""
+    groups: dict[tuple[str, str, str], list[tuple[Episode, BaseException]]] = {}
+    for method, episode, error in failures:
+        groups.setdefault((environment_name(episode.env), method, type(error).__name__), []).append((episode, error))
+    for (name, method, kind), failed in groups.items():
+        first, error = failed[0]
+        what = f"timed out after {timeout_s:g}s (environment.step_timeout_s)" if isinstance(error, TimeoutError) and not str(error) else one_line(error)
+        logger.warning(
+            "environment %s: %s failed with %s in %d of %d episodes (each ends with reward 0, counted in rollout/env_errors); "
+            "the first, prompt %d of the batch, episode %d: %s%s", name, method, kind, len(failed), total, first.row, first.index, what, _origin(error),
+        )
+
+
+def _origin(error: BaseException) -> str:
+    """' (at file.py:12, in step)': where the error was raised, or '' when it has no traceback."""
+    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ is not None else []
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" (at {os.path.basename(frame.filename)}:{frame.lineno}, in {frame.name})"
 
 
 def environment_counters(episodes: list[Episode]) -> dict[str, float]:

@@ -35,9 +35,10 @@ from transformers.utils import get_json_schema
 from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
 
 from olingo.config_errors import did_you_mean
+from olingo.dataset.chat_tokens import ChatTemplateError, require_chat_template
 from olingo.errors import OlingoError
 from olingo.rewards.registry import one_line
-from olingo.rollout.environment import EnvFailure, EnvStep, call_all, import_path
+from olingo.rollout.environment import EnvFailure, EnvironmentCatalog, EnvStep, call_all, import_path, resolve_environment
 
 # The closing tag is optional at the very end: a turn cut at the token limit, or a model that
 # stops right after its JSON, still makes its last call (a cut JSON fails to parse anyway).
@@ -257,7 +258,9 @@ class ToolEnvironment:
     `reward(assistant_text, row)` (0 without a reward function). `max_invalid_calls` turns in a
     row whose calls all failed to parse also end it, with reward 0, so a model that cannot
     call does not spend the episode's turns on it. A plain tool past its timeout cannot be
-    stopped: its thread runs on, so a tool that may hang should bound itself (or be async).
+    stopped: its thread (a daemon, which does not hold the process at exit) runs on, so a tool
+    that may hang should bound itself (or be async). A tool may return any value: its result
+    message holds `str(value)`.
 
     The counters (`tool_calls`, `tool_errors` (raised or timed out), `tool_parse_errors`,
     `timeouts`) cover the episode since `reset`; `metrics()` gives them as a dict. A source
@@ -302,8 +305,8 @@ class ToolEnvironment:
             errors.append(f"at most {self.max_calls_per_turn} tool calls run per turn; skipped: {skipped}")
             calls = calls[: self.max_calls_per_turn]
         self.tool_parse_errors += len(errors)
-        messages = [self._message(call.name, result) for call, result in zip(calls, self._run(calls), strict=True)]
-        messages += [self._message(None, f"error: {error}") for error in errors]
+        messages = [self.result_message(call.name, result) for call, result in zip(calls, self._run(calls), strict=True)]
+        messages += [self.result_message(None, f"error: {error}") for error in errors]
         self.invalid_turns = 0 if calls else self.invalid_turns + 1
         return EnvStep(messages, reward=0.0, done=self.invalid_turns >= self.max_invalid_calls)
 
@@ -325,7 +328,8 @@ class ToolEnvironment:
             texts.append(str(outcome))
         return texts
 
-    def _message(self, name: str | None, content: str) -> dict:
+    def result_message(self, name: str | None, content: str) -> dict:
+        """The message a tool result (or a call's error, `name` None) comes back as: `result_role`."""
         message = {"role": self.result_role, "content": content}
         if name is not None:
             message["name"] = name  # templates that label each tool result read it
@@ -333,6 +337,38 @@ class ToolEnvironment:
 
     def _final_reward(self, assistant: str) -> float:
         return 0.0 if self.reward_fn is None else float(self.reward_fn(assistant, self.row))
+
+
+def check_result_roles(catalog: EnvironmentCatalog, tokenizer: Any) -> None:
+    """A one-line ChatTemplateError naming the config field unless the chat template renders the
+    tool results of every configured `ToolEnvironment` (one is built for the probe): run once the
+    tokenizer is loaded, so a template without a tool role stops the run at start-up rather than
+    at the first tool call, after the model loaded."""
+    for _, params_key, spec, params in catalog.configured():
+        cls = resolve_environment(spec)
+        if inspect.isclass(cls) and issubclass(cls, ToolEnvironment):
+            env = cls(**params)
+            takes_role = "result_role" in inspect.signature(cls).parameters or isinstance(env, ConfiguredTools)
+            fix = f"set {params_key}.result_role: user" if takes_role else f"build {cls.__name__} with result_role='user'"
+            check_result_role(env, tokenizer, f"environment '{spec}'", fix)
+
+
+def check_result_role(env: ToolEnvironment, tokenizer: Any, where: str, fix: str) -> None:
+    """A one-line ChatTemplateError, from `where` to `fix`, unless a tool result message of `env`
+    renders after an assistant turn, content included, as an episode renders it (`EnvDelta`)."""
+    require_chat_template(tokenizer)
+    marker = "olingo tool result probe"
+    conversation = [{"role": "user", "content": "probe"}, {"role": "assistant", "content": "probe"}, env.result_message(next(iter(env.tools), "tool"), marker)]
+    role = env.result_role
+    try:
+        text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    except (jinja2.TemplateError, ValueError, TypeError, KeyError) as err:
+        problem = f"has no '{role}' role (rendering a tool result message raised: {' '.join(str(err).split())})"
+    else:
+        if marker in text:
+            return
+        problem = f"leaves the content of '{role}' messages out, so the policy would never see a tool result"
+    raise ChatTemplateError(f"{where}: the chat template {problem}: {fix}")
 
 
 # ---- tools named in a config ----------------------------------------------------------------------
