@@ -329,7 +329,7 @@ def train_args(algo: str, cfg: dict, engine: str, policy: str, prompts: str, out
 
 def episodes_from_metrics(rows: list[dict], episodes: int) -> list[dict]:
     """metrics.jsonl train rows -> one record per episode: end time, the episode's rollout metrics
-    (logged on each of its rows), time/learn summed over its optimizer steps, the sync if any."""
+    (logged on the row of its first optimizer step), time/learn summed over its optimizer steps, the sync if any."""
     if len(rows) % episodes:
         raise RuntimeError(f"{len(rows)} train rows for {episodes} episodes")
     per = len(rows) // episodes

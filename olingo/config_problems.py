@@ -211,10 +211,22 @@ def value_problems(err: pydantic.ValidationError, origins: Origins | None) -> li
     return problems
 
 
+def names_its_key(path: KeyPath, message: str) -> bool:
+    """Whether `message` starts with the key path of `path` or one below it
+    (`environment.name: unknown environment ...` for the section `environment`): a section's own
+    validator that names the exact key, which `format_problems` then writes once."""
+    dotted = ".".join(str(p) for p in path)
+    return bool(dotted) and message.startswith((f"{dotted}.", f"{dotted}:"))
+
+
 def format_problems(problems: list[tuple[KeyPath, str]], prefix: str = "") -> str:
-    """One indented line per problem: `  section.key: message`."""
+    """One indented line per problem: `  section.key: message`; a message that starts with its
+    own key path (`names_its_key`) is written as is, after `prefix`, so no key is named twice."""
     lines = []
     for path, message in problems:
+        if names_its_key(path, message):
+            lines.append(f"  {prefix + '.' if prefix else ''}{message}")
+            continue
         where = ".".join([prefix, *(str(p) for p in path)] if prefix else [str(p) for p in path])
         lines.append(f"  {where or '(top level)'}: {message}")
     return "\n".join(lines)

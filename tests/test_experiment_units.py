@@ -326,6 +326,6 @@ def test_third_party_callback_registers_through_an_entry_point(tmp_path, monkeyp
     callback = build_callback({"kind": "fake_logger", "params": {"prefix": "p", "every": 3}})
     assert type(callback).__module__ == "olingo_fake_plugin" and (callback.prefix, callback.every) == ("p", 3)
     assert registered_callbacks()["tensorboard"] is TensorBoardLogger and "broken" not in registered_callbacks()
-    with pytest.raises(ValueError, match=r"fake_logger.*\nevery"):
+    with pytest.raises(ValueError, match=r"callback 'fake_logger': parameter 'every': Input should be a valid integer"):
         build_callback({"kind": "fake_logger", "params": {"every": "often"}})
     monkeypatch.delitem(sys.modules, "olingo_fake_plugin")

@@ -11,13 +11,14 @@ import subprocess
 import pytest
 
 from tests.conftest import olingo_cmd, read_jsonl
-from tests.test_agent_backends import ray_run, train_rows
+from tests.test_agent_backends import ray_run, rollout_rows, train_rows
 
 AGENT = ["agent.function=olingo.gateway.examples:retry_arithmetic", "agent.max_new_tokens=8", "reward.functions={}", "generation.max_new_tokens=8"]
 
 
 def assert_agent_rows(rows: list[dict]) -> None:
-    """Every step logs the agents' episodes; the untrained model's first answers are wrong, so they ask twice."""
+    """Every row that logs a rollout logs the agents' episodes; the untrained model's first answers are wrong, so they ask twice."""
+    rows = rollout_rows(rows)
     assert rows and all({"rollout/requests_per_episode", "rollout/reward/agent", "rollout/failed_episodes"} <= r.keys() for r in rows)
     assert max(r["rollout/requests_per_episode"] for r in rows) > 1.0
     assert all(r["rollout/failed_episodes"] == 0 and r["rollout/history_rewrites"] == 0 for r in rows)
@@ -61,7 +62,7 @@ def test_a_grpo_run_through_the_gateway_on_vllm(tmp_path, assets):
     rows = [r for r in read_jsonl(tmp_path / "gateway-vllm" / "metrics.jsonl") if r["split"] == "train"]
     assert rows and [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     assert_agent_rows(rows)
-    assert all(r["rollout/engine_logprob_abs_diff"] < 1e-3 for r in rows)  # fp32 on both sides, context tokens excluded
+    assert all(r["rollout/engine_logprob_abs_diff"] < 1e-3 for r in rollout_rows(rows))  # fp32 on both sides, context tokens excluded
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ from olingo.cli.resume_hint import (
     environment_path_entries,
     import_root,
     resume_command,
+    torchrun_command,
     user_module_roots,
 )
 from olingo.trainer.callbacks import Callback
@@ -142,7 +143,8 @@ def test_ppo_stopped_mid_episode_resumes_exactly(tmp_path, assets, eval_file, ca
     rows = read_jsonl(stopped / "checkpoints.jsonl")
     assert rows[-1]["name"] == f"step_{boundary}" and rows[-1]["step"] == boundary
     assert f"stopped by SIGINT after optimizer step {boundary}; checkpoint {stopped / 'checkpoints' / f'step_{boundary}'} written" in line
-    assert f"resume with: cd {shlex.quote(os.getcwd())} && " in line and line.endswith(shlex.join(["olingo", *args, "run.resume=last"]))
+    in_process = [sys.executable, "-m", "olingo.cli.main"]  # main() called from Python: this interpreter runs the module
+    assert f"resume with: cd {shlex.quote(os.getcwd())} && " in line and line.endswith(shlex.join([*in_process, *args, "run.resume=last"]))
     assert max(r["step"] for r in read_jsonl(stopped / "metrics.jsonl")) == boundary  # the whole episode was trained
     assert main([*args, "run.resume=last"]) == 0
     assert_same_run(straight, stopped, ("actor", "critic"))
@@ -155,7 +157,7 @@ def test_grpo_stopped_mid_episode_resumes_exactly(tmp_path, assets, eval_file, c
     assert main(grpo_args(tmp_path, "straight", assets, eval_file, stop_step=0)) == 0
     args = grpo_args(tmp_path, "stopped", assets, eval_file, stop_step=3)
     line = interrupt_and_resume(args, capsys)
-    assert "after optimizer step 4;" in line and " olingo grpo " in line
+    assert "after optimizer step 4;" in line and " -m olingo.cli.main grpo " in line
     assert_same_run(tmp_path / "straight", tmp_path / "stopped", ("actor",))
 
 
@@ -189,8 +191,18 @@ def fake_module(name: str, file: Path) -> ModuleType:
     return module
 
 
+def fake_olingo_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This process as if started by the `olingo` script at `<tmp_path>/venv/bin/olingo`."""
+    script = tmp_path / "venv" / "bin" / "olingo"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text("#!/bin/sh\n")
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    return script
+
+
 def test_resume_command_is_the_run_command_line_with_its_module_path(tmp_path, monkeypatch):
     user, lib = tmp_path / "my project", tmp_path / "site"
+    script = fake_olingo_script(tmp_path, monkeypatch)
     modules = {
         "my_rewards": fake_module("my_rewards", user / "my_rewards.py"),
         "pkg.sub.mod": fake_module("pkg.sub.mod", user / "pkg" / "sub" / "mod.py"),
@@ -207,7 +219,7 @@ def test_resume_command_is_the_run_command_line_with_its_module_path(tmp_path, m
     command = resume_command(argv, environ, modules)
     assert command == (
         f"cd {shlex.quote(os.getcwd())} && PYTHONPATH={shlex.quote(os.path.realpath(user))} OLINGO_HOME={os.path.realpath(tmp_path / 'home')} "
-        "olingo grpo --config 'my config.yaml' 'reward.functions={my_rewards:score: 1.0}' run.resume=last"
+        f"{shlex.quote(str(script))} grpo --config 'my config.yaml' 'reward.functions={{my_rewards:score: 1.0}}' run.resume=last"
     )
     assert shlex.split(command.split(" && ", 1)[1])[3:] == [*argv[:-1], "run.resume=last"]  # the shell splits it back as typed
 
@@ -216,18 +228,19 @@ def test_resume_command_needs_nothing_for_installed_modules_and_names_torchrun(t
     monkeypatch.setattr(sys, "path", ["/venv/bin", str(tmp_path)])
     modules = {"elsewhere": fake_module("elsewhere", tmp_path / "elsewhere.py")}
     assert environment_path_entries({}) == [] and user_module_roots(modules, {}) == {}
-    assert resume_command(["ppo", "loop.episodes=2"], {}, modules).endswith("&& olingo ppo loop.episodes=2 run.resume=last")
+    script = fake_olingo_script(tmp_path, monkeypatch)  # by its absolute path: it runs without the virtual environment active
+    assert resume_command(["ppo", "loop.episodes=2"], {}, modules).endswith(f"&& {shlex.quote(str(script))} ppo loop.episodes=2 run.resume=last")
     monkeypatch.setattr(sys, "argv", [str(REPO / "olingo" / "cli" / "main.py"), "ppo"])  # python -m olingo.cli.main ppo
     assert resume_command(["ppo"], {}, modules).endswith(f"&& {shlex.quote(sys.executable)} -m olingo.cli.main ppo run.resume=last")
     ranks = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
-    assert resume_command(["sft"], ranks, {}).endswith("&& torchrun --nproc_per_node 4 -m olingo.cli.main sft run.resume=last")
+    assert resume_command(["sft"], ranks, {}).endswith(f"&& {shlex.join(torchrun_command())} --nproc_per_node 4 -m olingo.cli.main sft run.resume=last")
 
 
 def test_a_resume_error_prints_the_resume_command(tmp_path, capsys):
     args = ["rm", f"run.output_dir={tmp_path}", "run.name=r", f"run.resume={tmp_path / 'nope'}"]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "run.resume=" in err and err.rstrip().endswith(shlex.join(["olingo", *args[:-1], "run.resume=last"]))
+    assert "run.resume=" in err and err.rstrip().endswith(shlex.join([sys.executable, "-m", "olingo.cli.main", *args[:-1], "run.resume=last"]))
 
 
 # ---- Ray: the trainer actor stops at an episode boundary too ------------------------------------

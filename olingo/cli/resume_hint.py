@@ -10,9 +10,12 @@ directory, with what the run's environment had to hold to start at all:
   `sys.modules` is traced back to the `sys.path` entry it was found under; installed packages
   (site-packages, editable installs) and olingo itself need nothing.
 * `OLINGO_HOME=<dir>` when it was set: where converted GGUF models and other caches live.
-* the same launcher: `olingo`; `<this python> -m olingo.cli.main` for a run started with
-  `python -m olingo.cli.main`; under `torchrun`, the same number of processes per node
-  (`torchrun --nproc_per_node N -m olingo.cli.main ...`).
+* the same launcher, by a path that works as printed, with or without the virtual environment
+  active: the `olingo` script the run was started with, by its absolute path
+  (`/home/me/proj/.venv/bin/olingo`); `<this python> -m olingo.cli.main` for a run started any
+  other way (`python -m olingo.cli.main`, `main()` from Python); under `torchrun`, the `torchrun`
+  beside this python (else `<this python> -m torch.distributed.run`) with the same number of
+  processes per node (`.../torchrun --nproc_per_node N -m olingo.cli.main ...`).
 """
 
 from __future__ import annotations
@@ -85,23 +88,40 @@ def environment_needs(environ: Mapping[str, str] | None = None, modules: Mapping
     return needs
 
 
+def olingo_command() -> list[str]:
+    """The program that starts olingo again, spelt so that it runs as printed, from a shell
+    where the virtual environment is not active: the `olingo` script this process runs, by its
+    absolute path; else (`python -m olingo.cli.main`, `main()` called from Python) this
+    interpreter with `-m olingo.cli.main`."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if script is not None and script.name == "olingo" and script.is_file():
+        return [os.path.abspath(script)]
+    return [sys.executable, "-m", "olingo.cli.main"]
+
+
+def torchrun_command() -> list[str]:
+    """`torchrun` as it runs without the virtual environment active: the script beside this
+    interpreter, else the interpreter running its module."""
+    script = Path(sys.executable).parent / "torchrun"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "torch.distributed.run"]
+
+
 def _launcher(environ: Mapping[str, str]) -> tuple[list[str], str]:
-    """The program part of the command and a note for several nodes: `olingo`; this
-    interpreter's `python -m olingo.cli.main` when the run was started that way; torchrun's."""
+    """The program part of the command and a note for several nodes: `olingo_command()`, or
+    under torchrun (WORLD_SIZE > 1) `torchrun_command()` with the run's processes per node."""
     world = int(environ.get("WORLD_SIZE", "1") or 1)
     if world <= 1:
-        started_as_module = Path(sys.argv[0]).parts[-3:] == ("olingo", "cli", "main.py") if sys.argv else False
-        return ([sys.executable, "-m", "olingo.cli.main"] if started_as_module else ["olingo"]), ""
+        return olingo_command(), ""
     local = int(environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
     nodes = max(1, world // max(local, 1))
-    launcher = ["torchrun", *(["--nnodes", str(nodes)] if nodes > 1 else []), "--nproc_per_node", str(local), "-m", "olingo.cli.main"]
+    launcher = [*torchrun_command(), *(["--nnodes", str(nodes)] if nodes > 1 else []), "--nproc_per_node", str(local), "-m", "olingo.cli.main"]
     note = f" (on each of the {nodes} nodes, with the rendezvous options the run was started with)" if nodes > 1 else ""
     return launcher, note
 
 
 def resume_command(argv: Sequence[str], environ: Mapping[str, str] | None = None, modules: Mapping[str, ModuleType | None] | None = None) -> str:
-    """`cd <dir> && [VAR=value ...] olingo <argv less run.resume=...> run.resume=last`, quoted
-    for a POSIX shell. `argv` is the command's arguments (`sys.argv[1:]`: subcommand first)."""
+    """`cd <dir> && [VAR=value ...] <olingo_command()> <argv less run.resume=...> run.resume=last`,
+    quoted for a POSIX shell. `argv` is the command's arguments (`sys.argv[1:]`: subcommand first)."""
     environ = os.environ if environ is None else environ
     args = [a for a in argv if not a.startswith("run.resume=")]
     launcher, note = _launcher(environ)

@@ -32,7 +32,7 @@ from olingo.models.sources import (  # noqa: F401 - resolution lives in olingo.m
     resolve_path,
 )
 from olingo.threads import ThreadCount
-from olingo.trainer.callbacks import Callback, LogContext, build_callback
+from olingo.trainer.callbacks import Callback, LogContext, build_callback, check_callback_spec
 from olingo.trainer.checkpoint import MANIFEST, CheckpointManager
 from olingo.trainer.loop_support import Evaluator
 from olingo.trainer.supervised import SLTrainer
@@ -178,6 +178,13 @@ class CallbackSpec(StrictModel):
 
     kind: str = Field(..., description="registered callback name, e.g. early_stopping")
     params: dict = Field(default_factory=dict, description="constructor arguments")
+
+    @model_validator(mode="after")
+    def _buildable(self) -> CallbackSpec:
+        # With the config, before any model loads: a misspelt parameter, a value out of range or a
+        # missing path stops the run in one line (docs/callbacks.md), not at its first evaluation.
+        check_callback_spec(self.model_dump())
+        return self
 
 
 def check_run_dir(run: RunConfig) -> Path:

@@ -59,10 +59,26 @@ class GoldScorer:
 
 
 def gold_scorer(spec: str) -> GoldScorer:
-    """The scorer `spec` names; an unknown function name or import path fails here, at start-up."""
+    """The scorer `spec` names; an unknown function name or import path, or a reward-model
+    directory that does not exist, fails here (a `ValueError`), when the config is checked."""
     if spec.startswith(REWARD_MODEL_PREFIX):
-        path = spec.removeprefix(REWARD_MODEL_PREFIX).strip()
+        from olingo.config import expand_home
+        from olingo.models.loading import check_model_path
+
+        path = expand_home(spec.removeprefix(REWARD_MODEL_PREFIX).strip())
         if not path:
-            raise ValueError(f"reward_monitor: gold {spec!r} names no reward-model directory (reward_model:<dir>)")
+            raise ValueError(f"{spec!r} names no reward-model directory (reward_model:<dir>)")
+        try:
+            check_model_path(path, "reward model")
+        except OSError as err:  # ModelLoadError: a ValueError here, so that config validation reports it with its key
+            raise ValueError(str(err)) from None
         return GoldScorer(spec, model_dir=path)
     return GoldScorer(spec, function=reward_function(spec))
+
+
+def check_gold_specs(specs: list[str] | None) -> list[str] | None:
+    """`specs` unchanged when every one names a gold scorer (`gold_scorer`); the first that does
+    not raises its `ValueError`. The `gold` parameter's validator."""
+    for spec in specs or []:
+        gold_scorer(spec)
+    return specs

@@ -13,9 +13,11 @@ critic, clipped policy and value losses; the GRPO family: the actor alone, a tok
 response-normalised loss) and the experience maker (PPO: critic values and GAE with the KL in
 the reward; the GRPO family: groups of G responses, group advantages, dynamic sampling). A new
 rollout source (an environment, an agent) plugs into the maker; this loop does not change.
-Metrics per optimizer step: train/* from the learner, rollout/* of the episode's experience,
-time/make_experience, time/learn, perf/tokens_per_s, the learn forwards' perf/padding_fraction and
-perf/learn_tokens_per_s (`learn_step`), and the engine sync's time/weight_sync.
+Metrics per optimizer step: train/* from the learner, time/learn, the learn forwards'
+perf/padding_fraction and perf/learn_tokens_per_s (`learn_step`). What describes the episode's
+rollouts (rollout/*, time/make_experience, perf/tokens_per_s) and the engine sync before them
+(time/weight_sync) is logged once per episode, on the row of its first optimizer step, so
+summing a column over rows counts each rollout once (docs/runs.md).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ class OnlineTrainer(OLTrainer):
         self.eval_dataloader: DataLoader | None = None
         self._episode_rollout: list[dict[str, float]] = []
         self._episode_timing = {"make_experience": 0.0, "tokens": 0.0}
+        self._rollout_logged = False  # the episode's rollout metrics are on a row already
         self._episode_sync: dict[str, float] = {}  # time/weight_sync, perf/weight_sync_GBps of the episode's sync
         self._pending_loader_states: dict[str, Any] = {}
 
@@ -168,6 +171,7 @@ class OnlineTrainer(OLTrainer):
     def _make_experience(self, collect_step: int) -> Experience:
         if collect_step == 0:
             self._episode_rollout, self._episode_timing, self._episode_sync = [], {"make_experience": 0.0, "tokens": 0.0}, {}
+            self._rollout_logged = False
         self._place_inference_models(self.device)
         self._episode_sync.update(self.engine_sync.before_rollout(self.actor_booster.unwrap(self.actor), self.state.step))
         start = time.perf_counter()
@@ -216,9 +220,16 @@ class OnlineTrainer(OLTrainer):
         dispatch(self.callbacks, "on_learn_batch_end", experience)
 
     def _rollout_metrics(self) -> dict[str, float]:
+        """The episode's rollout metrics and its engine sync for the row of its first optimizer
+        step; {} for the others: several steps learn on one rollout, whose values repeated on
+        each row would count it several times in a sum over rows. Every rank takes the same
+        steps, so each reaches the all-reduce inside at the same step."""
+        if self._rollout_logged:
+            return {}
+        self._rollout_logged = True
         timing = self._episode_timing
         metrics = episode_rollout_metrics(self._episode_rollout, timing["make_experience"], timing["tokens"], self.actor_booster.plugin, self.device)
-        metrics, self._episode_sync = {**metrics, **self._episode_sync}, {}  # a sync is logged once, with the step after it
+        metrics, self._episode_sync = {**metrics, **self._episode_sync}, {}
         return metrics
 
     # ---- evaluation -----------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 from olingo.trainer.callbacks.base import Callback
 from olingo.trainer.callbacks.dispatch import dispatch
 from olingo.trainer.callbacks.registry import (
+    CallbackError,
     build_callback,
+    check_callback_spec,
     register_callback,
     registered_callbacks,
 )
@@ -11,11 +13,13 @@ from olingo.trainer.callbacks.state import LogContext, LoopArtifacts, LoopState,
 
 __all__ = [
     "Callback",
+    "CallbackError",
     "LogContext",
     "LoopArtifacts",
     "LoopState",
     "ManifestRow",
     "build_callback",
+    "check_callback_spec",
     "dispatch",
     "register_callback",
     "registered_callbacks",

@@ -13,6 +13,7 @@ points: the trainer layer never imports them at import time.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping
@@ -23,6 +24,7 @@ from typing import Any
 import pydantic
 
 from olingo.config_errors import did_you_mean
+from olingo.errors import OlingoError
 from olingo.trainer.callbacks.base import Callback
 
 logger = logging.getLogger("olingo.callbacks")
@@ -81,36 +83,93 @@ def registered_callbacks() -> dict[str, type[Callback]]:
     return dict(_REGISTRY)
 
 
-def _params_model(cls: type[Callback]) -> type[pydantic.BaseModel]:
-    """A strict pydantic model mirroring `cls.__init__`'s keyword parameters."""
+class CallbackError(OlingoError, ValueError):
+    """A callback that cannot be built as configured: an unknown kind, a misspelt or invalid
+    parameter, a path that does not exist, or a constructor that refused its arguments."""
+
+
+@functools.cache
+def _params_model(init: Callable[..., None]) -> type[pydantic.BaseModel]:
+    """A strict pydantic model mirroring the keyword parameters of a constructor `init`, their
+    annotations included: `Annotated[int, Field(ge=1)]` and validators are checked too."""
     fields: dict[str, Any] = {}
-    for pname, param in inspect.signature(cls.__init__, eval_str=True).parameters.items():
+    for pname, param in inspect.signature(init, eval_str=True).parameters.items():
         if pname == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (annotation, default)
     config = pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-    return pydantic.create_model(f"{cls.__name__}Params", __config__=config, **fields)
+    return pydantic.create_model(f"{init.__qualname__.split('.')[0]}Params", __config__=config, **fields)
 
 
-def build_callback(spec: Mapping[str, Any]) -> Callback:
-    """Build a callback from `{"kind": name, "params": {...}}`; errors name the bad key."""
-    unknown = set(spec) - {"kind", "params"}
-    if unknown:
-        raise ValueError(f"callback spec has unknown keys {sorted(unknown)}; expected 'kind' and 'params'")
-    kind = spec.get("kind")
-    known = registered_callbacks()
-    if kind not in known:
-        raise ValueError(f"unknown callback kind '{kind}'{did_you_mean(str(kind), known)}; known: {sorted(known)}")
-    cls = known[kind]
-    model = _params_model(cls)
-    params = dict(spec.get("params") or {})
+def _one_line(err: pydantic.ValidationError) -> str:
+    """"parameter 'x': <why> (got <value>)" per problem, joined by '; '."""
+    parts = []
+    for problem in err.errors():
+        where = ".".join(str(p) for p in problem["loc"])
+        message = problem["msg"].removeprefix("Value error, ")
+        # A validator's own message says what is wrong with the value; a type or range error needs it shown.
+        given = "" if problem["type"] in ("missing", "value_error") else f" (got {problem.get('input')!r})"
+        parts.append(f"parameter '{where}': {message}{given}")
+    return "; ".join(parts)
+
+
+def check_params(init: Callable[..., None], params: Mapping[str, Any], label: str) -> dict[str, Any]:
+    """`params` validated against the annotations of the constructor `init` (the values as pydantic
+    read them); a `CallbackError` naming `label` and the first misspelt key (with a did-you-mean)
+    or every bad value, on one line."""
+    model = _params_model(init)
     for key in params:
         if key not in model.model_fields:
-            raise ValueError(f"callback '{kind}' has no parameter '{key}'{did_you_mean(key, model.model_fields)}; parameters: {sorted(model.model_fields)}")
+            raise CallbackError(f"{label} has no parameter '{key}'{did_you_mean(str(key), model.model_fields)}; parameters: {', '.join(model.model_fields)}")
     try:
         validated = model(**params)
     except pydantic.ValidationError as err:
-        raise ValueError(f"callback '{kind}': invalid params: {err}") from None
-    return cls(**{name: getattr(validated, name) for name in params})
+        raise CallbackError(f"{label}: {_one_line(err)}") from None
+    return {name: getattr(validated, name) for name in params}
+
+
+def checked_init(init: Callable[..., None]) -> Callable[..., None]:
+    """Decorator for a built-in callback's `__init__`: its arguments are checked against its
+    annotations, as a config's `callbacks` entry is (`check_callback_spec`), so building the
+    class in Python refuses the same values with the same one-line `CallbackError`."""
+
+    @functools.wraps(init)
+    def wrapper(self: Callback, *args: Any, **kwargs: Any) -> None:
+        bound = inspect.signature(init).bind(self, *args, **kwargs)
+        check_params(init, {k: v for k, v in bound.arguments.items() if k != "self"}, type(self).__name__)
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+def check_callback_spec(spec: Mapping[str, Any]) -> tuple[type[Callback], dict[str, Any]]:
+    """The class and validated parameters of `{"kind": name, "params": {...}}`, built from
+    nothing but the spec: run when a config is validated, before any model loads, so an unknown
+    kind, a misspelt or out-of-range parameter or a missing path stops a run in one line
+    (`CallbackError`). Nothing is constructed."""
+    unknown = set(spec) - {"kind", "params"}
+    if unknown:
+        raise CallbackError(f"callback spec has unknown keys {sorted(unknown)}; expected 'kind' and 'params'")
+    kind = spec.get("kind")
+    known = registered_callbacks()
+    if kind not in known:
+        raise CallbackError(f"unknown callback kind '{kind}'{did_you_mean(str(kind), known)}; known: {', '.join(sorted(known))}")
+    cls = known[kind]
+    return cls, check_params(cls.__init__, dict(spec.get("params") or {}), f"callback '{kind}'")
+
+
+def build_callback(spec: Mapping[str, Any]) -> Callback:
+    """Build a callback from `{"kind": name, "params": {...}}` (checked by `check_callback_spec`).
+
+    A constructor that raises `ValueError` or `TypeError` refused its arguments: that is the
+    user's mistake, a `CallbackError` naming the callback and the constructor's message (the
+    original traceback is kept as its cause, shown with --debug)."""
+    cls, params = check_callback_spec(spec)
+    try:
+        return cls(**params)
+    except OlingoError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise CallbackError(f"callback '{spec.get('kind')}' ({cls.__module__}.{cls.__qualname__}) refused its parameters: {err}") from err

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Annotated, Any
+
+from pydantic import AfterValidator
 
 from olingo.trainer.callbacks.base import Callback
-from olingo.trainer.callbacks.registry import register_callback
+from olingo.trainer.callbacks.registry import checked_init, register_callback
 from olingo.trainer.callbacks.state import LogContext, LoopArtifacts, LoopState, ManifestRow
 
 logger = logging.getLogger("olingo.debug")
@@ -45,15 +47,21 @@ def describe(value: Any) -> Any:
     return type(value).__name__
 
 
+def level_name(level: str) -> str:
+    """`level` when it names a logging level (any case: "debug", "INFO"); else a ValueError."""
+    if not isinstance(logging.getLevelName(level.upper()), int):
+        raise ValueError(f"unknown logging level {level!r}; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    return level
+
+
 @register_callback("debug_logger")
 class DebugLogger(Callback):
     """Record every hook call (see the module doc); `path=None` keeps them in memory only."""
 
-    def __init__(self, path: str | None = "hooks.jsonl", level: str = "DEBUG") -> None:
+    @checked_init
+    def __init__(self, path: str | None = "hooks.jsonl", level: Annotated[str, AfterValidator(level_name)] = "DEBUG") -> None:
         self.path = path
-        self.level = logging.getLevelName(level.upper())
-        if not isinstance(self.level, int):
-            raise ValueError(f"debug_logger: unknown logging level {level!r}")
+        self.level: int = logging.getLevelName(level.upper())
         self.events: list[dict[str, Any]] = []
         self._fh: IO[str] | None = None
         self._scope: str | None = None  # "experiment" or "run": which hook opened the file

@@ -5,10 +5,12 @@
 
 import logging
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from olingo.trainer.callbacks.base import Callback
-from olingo.trainer.callbacks.registry import register_callback
+from olingo.trainer.callbacks.registry import checked_init, register_callback
 from olingo.trainer.callbacks.state import LoopState
 
 logger = logging.getLogger("olingo.callbacks")
@@ -22,7 +24,8 @@ class EarlyStopping(Callback):
     * `eval_name` given: the evaluations of that evaluator only (`on_eval`).
     * `eval_name` None: the first source that reports `metric` and only that one from then on,
       either an evaluator (any name) or, when `metric` is a key of the train step metrics
-      (e.g. "train/loss"), the train steps (`on_step_end`), one observation per step.
+      (e.g. "train/loss"), the train steps (`on_step_end`), one observation per step whose row
+      holds it (PPO and GRPO log `rollout/*` once per episode: one observation per rollout).
     `metric` is a metric key as logged ("eval/loss"); a name without a namespace ("loss") also
     matches "eval/<name>" in eval metrics. Train metrics match only the exact key.
 
@@ -40,20 +43,15 @@ class EarlyStopping(Callback):
     observations without improvement and the watched source.
     """
 
+    @checked_init  # the annotations are the checks, with the config and in Python alike
     def __init__(
         self,
         metric: str,
         eval_name: str | None = None,
-        patience: int = 3,
+        patience: Annotated[int, Field(ge=1)] = 3,
         mode: Literal["min", "max"] = "min",
-        min_delta: float = 0.0,
+        min_delta: Annotated[float, Field(ge=0)] = 0.0,
     ) -> None:
-        if patience < 1:
-            raise ValueError(f"early_stopping: 'patience' must be >= 1, got {patience}")
-        if mode not in ("min", "max"):
-            raise ValueError(f"early_stopping: 'mode' must be 'min' or 'max', got {mode!r}")
-        if min_delta < 0:
-            raise ValueError(f"early_stopping: 'min_delta' must be >= 0, got {min_delta}")
         self.metric = metric
         self.eval_name = eval_name
         self.patience = patience

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 
 from olingo.trainer.callbacks.base import Callback
-from olingo.trainer.callbacks.registry import register_callback
+from olingo.trainer.callbacks.registry import checked_init, register_callback
 from olingo.trainer.callbacks.state import LoopState
 
 logger = logging.getLogger("olingo.perf")
@@ -30,13 +31,15 @@ class PerformanceEvaluator(Callback):
 
     Per phase it sums wall seconds, sequences and tokens (generated response tokens for
     make-experience; sequence tokens forwarded for learn). After each episode it logs one line at
-    DEBUG (the same figures are in every step's `time/` and `perf/` metrics, and hundreds of
-    episode lines would bury the progress bar); at the end of fit it logs the totals and writes them to `<run_dir>/<path>`: seconds and
+    DEBUG (the same figures are in the metrics rows, `time/learn` on each step's and
+    `time/make_experience` on each episode's first, and hundreds of episode lines would bury the
+    progress bar); at the end of fit it logs the totals and writes them to `<run_dir>/<path>`: seconds and
     share of each phase, samples/s and tokens/s of each, and peak accelerator memory. The first
     `ignore_episodes` episodes (warm-up, compilation) are left out of the totals.
     """
 
-    def __init__(self, ignore_episodes: int = 0, path: str = "perf.json") -> None:
+    @checked_init
+    def __init__(self, ignore_episodes: Annotated[int, Field(ge=0)] = 0, path: str = "perf.json") -> None:
         self.ignore_episodes = ignore_episodes
         self.path = path
         self.state: LoopState | None = None

@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import Field
 from tqdm.auto import tqdm
 
 from olingo.trainer.callbacks.base import Callback
 from olingo.trainer.callbacks.builtin.metric_output import as_number, format_number, short_name
-from olingo.trainer.callbacks.registry import register_callback
+from olingo.trainer.callbacks.registry import checked_init, register_callback
 from olingo.trainer.callbacks.state import LogContext, LoopArtifacts, LoopState
 
 DEFAULT_KEYS = ["loss", "acc", "reward", "lr"]
@@ -47,6 +48,15 @@ def pick_metrics(metrics: dict[str, Any], keys: list[str]) -> dict[str, float | 
                 picked[short_name(key)] = number
                 break
     return picked
+
+
+def with_last_rollout(metrics: dict[str, Any], last_rollout: dict[str, Any]) -> dict[str, Any]:
+    """A step's metrics with the latest `rollout/*` values it lacks. PPO and GRPO log a rollout's
+    metrics once, on the row of the first optimizer step that learns on it (docs/runs.md); the
+    episode's later steps learn on the same rollout, so a display keeps showing its values.
+    `last_rollout` is updated in place from `metrics`."""
+    last_rollout.update({k: v for k, v in metrics.items() if k.startswith("rollout/")})
+    return {**metrics, **{k: v for k, v in last_rollout.items() if k not in metrics}}
 
 
 def _find(metrics: dict[str, Any], key: str) -> float | int | None:
@@ -85,12 +95,13 @@ class ProgressBar(Callback):
     at most every `mininterval` seconds.
     """
 
+    @checked_init
     def __init__(
         self,
         keys: list[str] | None = None,
         leave: bool = True,
         desc: str = "train",
-        mininterval: float = 1.0,
+        mininterval: Annotated[float, Field(ge=0)] = 1.0,
     ) -> None:
         self.keys = list(keys) if keys is not None else list(DEFAULT_KEYS)
         self.leave = leave
@@ -99,9 +110,11 @@ class ProgressBar(Callback):
         self._bar: tqdm | None = None
         self._train_postfix = ""
         self._eval_postfix = ""  # the last evaluation's headline metric
+        self._last_rollout: dict[str, Any] = {}
 
     def on_train_start(self, state: LoopState) -> None:
         self._close()
+        self._last_rollout = {}
         if not state.is_master:
             return
         self._bar = tqdm(
@@ -119,7 +132,7 @@ class ProgressBar(Callback):
     ) -> None:
         if self._bar is None:
             return
-        picked = pick_metrics(metrics, self.keys)
+        picked = pick_metrics(with_last_rollout(metrics, self._last_rollout), self.keys)
         if picked:
             self._train_postfix = format_metrics(picked)
         self._set_postfix()
@@ -173,17 +186,18 @@ class PrintMetrics(Callback):
     logger so the lines are not lost. Only the master process logs.
     """
 
-    def __init__(self, every: int = 1, keys: list[str] | None = None) -> None:
-        if every < 1:
-            raise ValueError(f"print_progress: 'every' must be >= 1, got {every}")
+    @checked_init
+    def __init__(self, every: Annotated[int, Field(ge=1)] = 1, keys: list[str] | None = None) -> None:
         self.every = every
         self.keys = list(keys) if keys is not None else list(SUMMARY_KEYS)
         self._active = False
         self._mark = 0.0  # when the last step ended (or training, an evaluation or a checkpoint did)
         self._seconds, self._steps = 0.0, 0  # step time since the last line
+        self._last_rollout: dict[str, Any] = {}
 
     def on_train_start(self, state: LoopState) -> None:
         self._active = state.is_master
+        self._last_rollout = {}
         self._mark, self._seconds, self._steps = time.perf_counter(), 0.0, 0
         if self._active:
             _ensure_handler()
@@ -197,6 +211,7 @@ class PrintMetrics(Callback):
             return
         now = time.perf_counter()
         self._seconds, self._steps, self._mark = self._seconds + now - self._mark, self._steps + 1, now
+        metrics = with_last_rollout(metrics, self._last_rollout)  # every step: a line may fall on a later step of the episode
         if step_idx % self.every and step_idx != state.num_steps:
             return
         per_step = self._seconds / self._steps

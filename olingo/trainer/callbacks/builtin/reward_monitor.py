@@ -30,15 +30,16 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import AfterValidator, Field
 
 from olingo.trainer.callbacks.base import Callback
 from olingo.trainer.callbacks.builtin.jsonl import read_metrics
-from olingo.trainer.callbacks.registry import register_callback
+from olingo.trainer.callbacks.registry import checked_init, register_callback
 from olingo.trainer.callbacks.state import LoopState, ManifestRow, kept_on_resume
-from olingo.trainer.monitor_gold import GoldScorer, gold_scorer
+from olingo.trainer.monitor_gold import GoldScorer, check_gold_specs, gold_scorer
 from olingo.trainer.monitor_rule import Flag, best_index, length_hacking, moments, overoptimisation, pearson
 
 logger = logging.getLogger("olingo.callbacks")
@@ -61,26 +62,22 @@ class RewardMonitor(Callback):
     that has no checkpoint of its own (single-process runs).
     """
 
+    @checked_init  # the annotations are the checks: run with the config, before any model loads (gold paths included)
     def __init__(
         self,
-        gold: list[str] | None = None,
+        gold: Annotated[list[str] | None, AfterValidator(check_gold_specs)] = None,
         eval_name: str = "eval",
-        tolerance: float = 0.05,
-        patience: int = 2,
+        tolerance: Annotated[float, Field(ge=0)] = 0.05,
+        patience: Annotated[int, Field(ge=1)] = 2,
         proxy_margin: float = 0.0,
-        length_threshold: float = 0.8,
+        length_threshold: Annotated[float, Field(gt=0, le=1)] = 0.8,
         length_min_gain: float = 0.0,
-        min_evals: int = 3,
+        min_evals: Annotated[int, Field(ge=3)] = 3,
         stop_on_flag: bool = False,
         save_best_gold: bool = True,
     ) -> None:
-        if patience < 1 or tolerance < 0 or min_evals < 3 or not 0 < length_threshold <= 1:
-            raise ValueError(
-                f"reward_monitor: need patience >= 1, tolerance >= 0, min_evals >= 3 and 0 < length_threshold <= 1; got patience={patience}, "
-                f"tolerance={tolerance}, min_evals={min_evals}, length_threshold={length_threshold}"
-            )
         self.gold_specs = list(gold or [])
-        self.gold: list[GoldScorer] = [gold_scorer(spec) for spec in self.gold_specs]  # resolved now: a typo fails at start-up
+        self.gold: list[GoldScorer] = [gold_scorer(spec) for spec in self.gold_specs]
         self.eval_name, self.tolerance, self.patience, self.proxy_margin = eval_name, tolerance, patience, proxy_margin
         self.length_threshold, self.length_min_gain, self.min_evals = length_threshold, length_min_gain, min_evals
         self.stop_on_flag, self.save_best_gold = stop_on_flag, save_best_gold

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import IO, Any
+from typing import IO, Annotated, Any
+
+from pydantic import Field
 
 from olingo.trainer.callbacks.base import Callback
 from olingo.trainer.callbacks.builtin.metric_output import resolve_output_path
-from olingo.trainer.callbacks.registry import register_callback
+from olingo.trainer.callbacks.registry import checked_init, register_callback
 from olingo.trainer.callbacks.state import LoopArtifacts, LoopState, kept_on_resume
 
 SAMPLE_COLUMNS = ("step", "prompt", "response", "gt_answer", "reward", "truncated")
@@ -26,7 +28,8 @@ class RolloutSamples(Callback):
     in front of the loggers.
     """
 
-    def __init__(self, every: int = 10, num_samples: int = 4, path: str = "samples.jsonl") -> None:
+    @checked_init
+    def __init__(self, every: int = 10, num_samples: Annotated[int, Field(ge=0)] = 4, path: str = "samples.jsonl") -> None:
         self.every = every
         self.num_samples = num_samples
         self.path = path
