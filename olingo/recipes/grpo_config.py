@@ -28,6 +28,7 @@ from olingo.recipes.common import (
 from olingo.recipes.online_config import EnvironmentConfig, GenerationSection, PromptDataConfig, check_one_source
 from olingo.recipes.rewards import RewardSource
 from olingo.trainer.grpo_learner import GRPOLossConfig
+from olingo.trainer.offpolicy_fields import check_one_step_per_episode
 from olingo.trainer.online_config import OnlineLoopConfig
 
 
@@ -149,6 +150,7 @@ def check_teacher_engine(cfg: GRPOConfig) -> None:
 
 def check_grpo_config(cfg: GRPOConfig) -> None:
     """What one section alone cannot check."""
+    check_one_step_per_episode(cfg.loss, cfg.loop.steps_per_episode(cfg.experience.num_generations))
     if cfg.loss.ptx_coef > 0 and not cfg.data.pretrain:
         raise ConfigError("loss.ptx_coef > 0 needs data.pretrain (SFT-format rows for the ptx loss)")
     if cfg.experience.overlong_buffer > cfg.generation.max_new_tokens:

@@ -49,6 +49,7 @@ from olingo.recipes.rewards import load_reward, probe_user_functions
 from olingo.rewards.functions import CompositeReward
 from olingo.trainer.callbacks import Callback, LogContext
 from olingo.trainer.loop_support import Evaluator
+from olingo.trainer.offpolicy_fields import check_one_step_per_episode
 from olingo.trainer.online_trainer import OnlineTrainer
 from olingo.trainer.ppo_learner import PPOLearner
 
@@ -117,6 +118,7 @@ def build_trainer(cfg: PPOConfig, setup: RunSetup, models: PPOModels, callbacks:
 
 def check_ppo_config(cfg: PPOConfig) -> None:
     """What one section alone cannot check."""
+    check_one_step_per_episode(cfg.loss, cfg.loop.steps_per_episode())
     if cfg.loss.ptx_coef > 0 and not cfg.data.pretrain:
         raise ConfigError("loss.ptx_coef > 0 needs data.pretrain (SFT-format rows for the ptx loss)")
 

@@ -123,6 +123,8 @@ def check_ray_config(cfg: PPOConfig) -> None:
         problems.append("loop.sample_buffer must be false (the trainer pops batches from its buffer)")
     if cfg.plugin.name != "single":
         problems.append("plugin.name must be 'single' (each Ray actor is one process)")
+    if cfg.loss.offpolicy_mask != "none" or cfg.loss.behaviour_log_probs != "engine":
+        problems.append("loss.offpolicy_mask and loss.behaviour_log_probs are not applied by the Ray PPO trainer yet (docs/async.md): leave them unset")
     if problems:
         raise ConfigError("ray.enabled: " + "; ".join(problems))
 

@@ -193,8 +193,9 @@ class PolicyLoss(nn.Module):
     loss_t = -min(ratio A_t, clip(ratio, 1 - eps, 1 + eps) A_t) (`clipped_surrogate` with
     symmetric bounds and no dual clip), averaged over each sequence's
     masked tokens, then over the B sequences (so every sequence weighs the same, however long).
-    `tis_weights` (B, A) or None: truncated importance weights pi_old / pi_engine of a rollout
-    engine other than the trainer (`truncated_is_weights`), multiplying each token's loss.
+    `tis_weights` (B, A) or None: the off-policy correction's constant weights, multiplying each
+    token's loss: truncated pi_old / pi_behaviour, 0 where a mask drops the token
+    (`olingo.rl.offpolicy.offpolicy_correction`; pi_old is then the proximal policy).
     Returns (loss, skip, stats). `skip` is True when the mean ratio over masked tokens exceeds
     `skip_threshold`: the policy has diverged from the one that sampled, and the caller skips
     that update. stats (detached scalars): clipfrac, approx_kl (k3 estimate of KL(old || new)),
@@ -221,7 +222,7 @@ class PolicyLoss(nn.Module):
         ratio = log_ratio.exp()
         advantages = torch.where(mask, advantages, torch.zeros_like(advantages))
         token_loss, _ = clipped_surrogate(log_ratio, advantages, self.clip_eps, self.clip_eps)
-        if tis_weights is not None:  # the engine sampled, not pi_old: reweight (truncated IS)
+        if tis_weights is not None:  # pi_behaviour sampled, not pi_old: reweight (truncated IS, masks)
             token_loss = token_loss * tis_weights
         loss = masked_mean(token_loss, mask, dim=-1).mean()
         with torch.no_grad():
@@ -286,8 +287,9 @@ class GroupPolicyLoss(nn.Module):
     of log pi. Returns (loss, stats); stats are detached: policy_loss and kl_loss (shares, to be
     summed over the step), clipfrac, clipfrac_low/high (ratio below/above the band where the
     clip was taken), approx_kl (k3 of pi_old vs pi), ratio_max. `tis_weights` (B, A) or None:
-    truncated importance weights for a rollout engine's mismatch (`truncated_is_weights`),
-    multiplying each token's policy loss (not the KL term); adds tis_weight_mean. `objective`
+    the off-policy correction's constant weights (truncated pi_old / pi_behaviour, 0 where a mask
+    drops the token: `olingo.rl.offpolicy.offpolicy_correction`), multiplying each token's policy
+    loss (not the KL term); adds tis_weight_mean (dropped tokens count 0). `objective`
     replaces the clipped surrogate (`objective_token_loss`, settings in `params`); clipfrac then
     counts the sequences (gspo) or importance weights (cispo) clipped, and is 0 for sapo.
     """
@@ -319,7 +321,7 @@ class GroupPolicyLoss(nn.Module):
             clip_ratio = log_ratio.detach().exp()
         else:
             token_loss, clipped, clip_ratio, extra = objective_token_loss(self.objective, log_probs, old, advantages, mask, self.params)
-        if tis_weights is not None:  # the engine sampled, not pi_old: reweight (truncated IS)
+        if tis_weights is not None:  # pi_behaviour sampled, not pi_old: reweight (truncated IS, masks)
             token_loss = token_loss * tis_weights
         policy_loss = aggregate_loss(token_loss, mask, self.aggregation, units, self.max_length)
         loss, kl_loss = policy_loss, torch.zeros_like(policy_loss)

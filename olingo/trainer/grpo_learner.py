@@ -27,8 +27,18 @@ from olingo.experience_maker import Experience, lm_nll, policy_token_stats
 from olingo.experience_maker.group import GroupExperienceConfig
 from olingo.rl.kl import KLEstimator
 from olingo.rl.masked import masked_mean
+from olingo.rl.offpolicy import BehaviourSource, OffPolicyMask, offpolicy_correction
 from olingo.rl.policy_loss import GroupPolicyLoss, LossAggregation, ObjectiveParams, PolicyObjective, loss_units
-from olingo.trainer.learner import StepShare, TrainedModel, tis_weights
+from olingo.trainer.learner import StepShare, TrainedModel
+from olingo.trainer.offpolicy_fields import (
+    behaviour_log_probs_field,
+    check_offpolicy_fields,
+    offpolicy_mask_field,
+    offpolicy_mask_high_field,
+    offpolicy_mask_low_field,
+    offpolicy_settings,
+    tis_cap_field,
+)
 
 # Stats that are shares of the step's loss: summed over micro-batches and ranks, not averaged.
 SUMMED_STATS = ("policy_loss", "kl_loss")
@@ -48,11 +58,11 @@ class GRPOLossConfig(StrictModel):
         "responses (GRPO); seq_mean_token_sum_norm: token sums / max_new_tokens, over responses (Dr. GRPO)",
     )
     ptx_coef: float = Field(0.0, ge=0, le=1, description="weight of the pretraining LM loss (needs data.pretrain); the policy loss gets 1 - ptx_coef")
-    tis_cap: float | None = Field(
-        None, gt=0,
-        description="truncated importance sampling for a separate rollout engine (vllm): "
-        "each token's policy loss x min(pi_old / pi_engine, tis_cap) (null: off; about 2 in Yao et al. 2025)",
-    )
+    tis_cap: float | None = tis_cap_field()
+    behaviour_log_probs: BehaviourSource = behaviour_log_probs_field()
+    offpolicy_mask: OffPolicyMask = offpolicy_mask_field()
+    offpolicy_mask_low: float | None = offpolicy_mask_low_field()
+    offpolicy_mask_high: float | None = offpolicy_mask_high_field()
     objective: PolicyObjective = Field(
         "ppo_clip", description="ppo_clip: the token-ratio clipped surrogate (eps_low/eps_high/dual_clip); gspo / gspo_token: the "
         "sequence ratio clipped by seq_eps_*; cispo: clipped IS weight x A x log pi; sapo: soft sigmoid gate (docs/algorithms.md)",
@@ -70,6 +80,11 @@ class GRPOLossConfig(StrictModel):
             raise ValueError(f"loss.dual_clip applies to loss.objective ppo_clip only, not {self.objective}")
         return self
 
+    @model_validator(mode="after")
+    def _offpolicy(self) -> GRPOLossConfig:
+        check_offpolicy_fields(self)
+        return self
+
     def objective_params(self) -> ObjectiveParams:
         """The settings of a non-default objective, for `GroupPolicyLoss`."""
         return ObjectiveParams(self.seq_eps_low, self.seq_eps_high, self.cispo_max_ratio, self.cispo_min_ratio, self.sapo_tau_pos, self.sapo_tau_neg)
@@ -83,6 +98,8 @@ class GRPOLearner(TrainedModel):
     `max_length` (the generation limit: Dr. GRPO's constant normaliser), `apply_loss_mask`
     (ptx rows: only their loss_mask tokens count), `packing` (the policy and ptx forwards run
     padding-free: `olingo.models.packing`, docs/packing.md; the same gradient up to rounding).
+    The loss's off-policy fields (tis_cap, behaviour_log_probs, offpolicy_mask) become `offpolicy`,
+    applied by `olingo.rl.offpolicy.offpolicy_correction` (docs/async.md).
     """
 
     name = "actor"
@@ -100,6 +117,7 @@ class GRPOLearner(TrainedModel):
             objective=self.loss.objective, params=self.loss.objective_params(),
         )
         self.apply_loss_mask, self.packing = apply_loss_mask, packing
+        self.offpolicy = offpolicy_settings(self.loss)
         self.device = booster.device
 
     @classmethod
@@ -156,8 +174,10 @@ class GRPOLearner(TrainedModel):
         log_probs, entropy = policy_token_stats(
             self.model, experience.sequences, experience.attention_mask, num_actions, temperature, packing=self.packing, position_ids=experience.position_ids,
         )
-        tis = tis_weights(experience, log_probs, self.loss.tis_cap)
-        policy_loss, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask, units, experience.base_action_log_probs, tis)
+        # pi_old of the ratio is the proximal policy; the weights correct for the behaviour policy (olingo.rl.offpolicy)
+        old, weights, offpolicy_stats = offpolicy_correction(log_probs, experience.action_log_probs, experience.engine_log_probs, mask, self.offpolicy)
+        policy_loss, stats = self.loss_fn(log_probs, old, experience.advantages, mask, units, experience.base_action_log_probs, weights)
+        stats.update(offpolicy_stats)
         world = self.booster.plugin.coordinator.world_size
         loss = policy_loss * world  # data parallelism averages gradients over ranks; the share is of the global step
         ptx_loss = torch.zeros((), device=self.device)

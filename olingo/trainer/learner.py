@@ -11,8 +11,8 @@ trainer actors (`olingo.ray`) run with them:
     metrics = learner.optimizer_step(stats)             clip, step, schedule; train/* metrics
 
 `TrainedModel` steps, checkpoints and (for data parallelism) suspends gradient sync for one
-model; the learners are built from it. `tis_weights` is the truncated importance sampling both
-policy losses apply to a separate engine's rollouts.
+model; the learners are built from it. Both policy losses correct for a separate engine's rollouts
+with `olingo.rl.offpolicy.offpolicy_correction` (truncated importance sampling, masks).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import torch
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.experience_maker import Experience
 from olingo.models.packing import packed_shape
-from olingo.rl.kl import truncated_is_weights
 from olingo.trainer.checkpoint import load_trained, save_trained
 
 
@@ -102,16 +101,6 @@ def learn_forward_metrics(micro_batches: list[Experience], packing: bool, second
 def check_boosted(name: str, optim: Any) -> None:
     if not isinstance(optim, OptimizerWrapper):
         raise TypeError(f"{name}: pass the optimizer returned by booster.boost(...), not the raw torch optimizer")
-
-
-def tis_weights(experience: Experience, log_probs: torch.Tensor, cap: float | None) -> torch.Tensor | None:
-    """Truncated importance weights (B, A) of a minibatch, or None when off or the batch carries
-    no engine log-probs. pi_old is the rollout-time trainer forward when the batch has one; else
-    the batch is learnt in one optimizer step and the current policy is pi_old."""
-    if cap is None or experience.engine_log_probs is None:
-        return None
-    old = experience.action_log_probs if experience.action_log_probs is not None else log_probs
-    return truncated_is_weights(old, experience.engine_log_probs, cap, experience.action_mask)
 
 
 class TrainedModel:

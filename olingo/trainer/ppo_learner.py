@@ -16,14 +16,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from olingo.booster import Booster, OptimizerWrapper
 from olingo.config import StrictModel
 from olingo.experience_maker import Experience, action_values, lm_nll, policy_token_stats
 from olingo.rl.masked import explained_variance, masked_mean
+from olingo.rl.offpolicy import BehaviourSource, OffPolicyCorrection, OffPolicyMask, offpolicy_correction
 from olingo.rl.policy_loss import PolicyLoss, ValueLoss
-from olingo.trainer.learner import StepShare, TrainedModel, tis_weights
+from olingo.trainer.learner import StepShare, TrainedModel
+from olingo.trainer.offpolicy_fields import (
+    behaviour_log_probs_field,
+    check_offpolicy_fields,
+    offpolicy_mask_field,
+    offpolicy_mask_high_field,
+    offpolicy_mask_low_field,
+    offpolicy_settings,
+    tis_cap_field,
+)
 
 
 class PPOLossConfig(StrictModel):
@@ -33,26 +43,37 @@ class PPOLossConfig(StrictModel):
     value_clip: float = Field(0.2, gt=0, description="value clip around the rollout-time values")
     vf_coef: float = Field(1.0, ge=0, description="value-loss weight")
     ptx_coef: float = Field(0.0, ge=0, le=1, description="weight of the pretraining LM loss (needs data.pretrain); the policy loss gets 1 - ptx_coef")
-    tis_cap: float | None = Field(
-        None, gt=0,
-        description="truncated importance sampling for a separate rollout engine (vllm): "
-        "each token's policy loss x min(pi_old / pi_engine, tis_cap) (null: off; about 2 in Yao et al. 2025)",
-    )
+    tis_cap: float | None = tis_cap_field()
+    behaviour_log_probs: BehaviourSource = behaviour_log_probs_field()
+    offpolicy_mask: OffPolicyMask = offpolicy_mask_field()
+    offpolicy_mask_low: float | None = offpolicy_mask_low_field()
+    offpolicy_mask_high: float | None = offpolicy_mask_high_field()
+
+    @model_validator(mode="after")
+    def _offpolicy(self) -> PPOLossConfig:
+        check_offpolicy_fields(self)
+        return self
 
 
 class PolicyLearner(TrainedModel):
     """The actor: clipped policy loss, plus `ptx_coef` x the LM loss of a pretrain batch when
     one is given (`apply_loss_mask`: only its `loss_mask` tokens count, as in SFT); `packing`:
-    the policy and ptx forwards run padding-free (`olingo.models.packing`, docs/packing.md)."""
+    the policy and ptx forwards run padding-free (`olingo.models.packing`, docs/packing.md);
+    `offpolicy`: truncated importance sampling and masks (`olingo.rl.offpolicy`; None: off)."""
 
     name = "actor"
 
     def __init__(self, booster: Booster, actor: torch.nn.Module, optim: OptimizerWrapper, scheduler: Any, *,
-                 eps_clip: float = 0.2, ptx_coef: float = 0.0, apply_loss_mask: bool = True, tis_cap: float | None = None,
+                 eps_clip: float = 0.2, ptx_coef: float = 0.0, apply_loss_mask: bool = True, offpolicy: OffPolicyCorrection | None = None,
                  packing: bool = True) -> None:
         super().__init__(booster, actor, optim, scheduler)
         self.loss_fn = PolicyLoss(eps_clip)
-        self.ptx_coef, self.apply_loss_mask, self.tis_cap, self.packing = ptx_coef, apply_loss_mask, tis_cap, packing
+        self.ptx_coef, self.apply_loss_mask, self.packing = ptx_coef, apply_loss_mask, packing
+        self.offpolicy = offpolicy or OffPolicyCorrection()
+
+    @property
+    def tis_cap(self) -> float | None:
+        return self.offpolicy.cap
 
     def losses(self, experience: Experience, temperature: float, ptx_batch: dict[str, Any] | None) -> tuple[torch.Tensor, bool, dict[str, torch.Tensor]]:
         """(actor loss, skip, detached stats) of one minibatch; `temperature` is the one the
@@ -61,8 +82,9 @@ class PolicyLearner(TrainedModel):
         log_probs, entropy = policy_token_stats(
             self.model, experience.sequences, experience.attention_mask, num_actions, temperature, packing=self.packing, position_ids=experience.position_ids,
         )
-        tis = tis_weights(experience, log_probs, self.tis_cap)
-        policy_loss, skip, stats = self.loss_fn(log_probs, experience.action_log_probs, experience.advantages, mask, tis)
+        # pi_old of the ratio is the proximal policy; the weights correct for the behaviour policy (olingo.rl.offpolicy)
+        old, weights, offpolicy_stats = offpolicy_correction(log_probs, experience.action_log_probs, experience.engine_log_probs, mask, self.offpolicy)
+        policy_loss, skip, stats = self.loss_fn(log_probs, old, experience.advantages, mask, weights)
         loss, ptx_loss = policy_loss, torch.zeros((), device=self.booster.device)
         if ptx_batch is not None:
             ptx_loss = self.ptx_loss(ptx_batch)
@@ -71,7 +93,7 @@ class PolicyLearner(TrainedModel):
             "policy_loss": policy_loss.detach(), "ptx_loss": ptx_loss.detach(),
             "clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"], "ratio_max": stats["ratio_max"],
             "entropy": masked_mean(entropy, mask),
-            **({"tis_weight_mean": stats["tis_weight_mean"]} if tis is not None else {}),
+            **({"tis_weight_mean": stats["tis_weight_mean"]} if weights is not None else {}), **offpolicy_stats,
         }
         return loss, skip, stats
 
@@ -124,7 +146,7 @@ class PPOLearner:
         loss = loss or PPOLossConfig()
         policy = PolicyLearner(
             actor_booster, actor, actor_optim, actor_scheduler,
-            eps_clip=loss.eps_clip, ptx_coef=loss.ptx_coef, apply_loss_mask=apply_loss_mask, tis_cap=loss.tis_cap, packing=packing,
+            eps_clip=loss.eps_clip, ptx_coef=loss.ptx_coef, apply_loss_mask=apply_loss_mask, offpolicy=offpolicy_settings(loss), packing=packing,
         )
         if critic is None:
             return cls(policy)
