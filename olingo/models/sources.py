@@ -39,7 +39,7 @@ def resolve_path(path: str) -> str:
     unchanged.
 
     Names: tiny-llama (model + tokenizer), sft_train, sft_eval, preference_train,
-    preference_eval, prompts_train, prompts_eval.
+    preference_eval, prompts_train, prompts_eval, python_tests_train, python_tests_eval.
     """
     if not path.startswith(BUILTIN_PREFIX):
         return expand_home(path)
@@ -47,6 +47,12 @@ def resolve_path(path: str) -> str:
 
     name = path[len(BUILTIN_PREFIX):].replace("-", "_")
     name = {"tiny_llama": "model_dir", "model": "model_dir"}.get(name, name)
+    if name.startswith("python_tests_"):  # the python_tests environment's problems (olingo/tasks/python_tests.py)
+        from olingo.tasks.python_tests import ASSETS_DIR, prepare_python_tests
+
+        files = prepare_python_tests(olingo_home() / "assets" / ASSETS_DIR)
+        if name in files:
+            return str(files[name])
     assets = prepare_assets(assets_root())
     if name == "root" or not hasattr(assets, name):
         raise ConfigError(f"unknown built-in '{path}'; use builtin:tiny-llama, builtin:smollm2 or a data split such as builtin:preference_train")

@@ -75,7 +75,8 @@ class EnvironmentConfig(StrictModel):
 
     name: str | None = Field(
         None,
-        description="the environment: a registered name (arithmetic_retry; tools, whose params name the tools) or package.module:Class "
+        description="the environment: a registered name (arithmetic_retry; tools, whose params name the tools; python_tests, model-written "
+        "code run in a sandbox against a row's tests) or package.module:Class "
         "(null: single-turn completions, no environment). A prompt row may name its own in a field 'environment' "
         "(an alias of environment.choices, or any such name, built without params); rows without it use this one",
     )

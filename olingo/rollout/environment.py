@@ -94,6 +94,7 @@ def register_environment(name: str) -> Callable[[T], T]:
 BUILTIN_ENVIRONMENTS = {  # imported when named
     "arithmetic_retry": "olingo.rollout.retry:RetryArithmetic",
     "calculator": "olingo.rollout.calculator:CalculatorEnvironment",
+    "python_tests": "olingo.rollout.python_tests:PythonTestsEnvironment",  # model-written code in a sandbox (bubblewrap)
     "reasoning_gym": "olingo.rollout.reasoning_gym:ReasoningGymEnvironment",  # requirements-agents.txt
     "textarena": "olingo.rollout.textarena:TextArenaEnvironment",  # requirements-agents.txt
     "tools": "olingo.rollout.tools:ConfiguredTools",  # tools named by import path in a config
