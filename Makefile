@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEMO_ARGS ?=
 
-.PHONY: demo extras vllm real agents gateway demo-real test lint bench clean
+.PHONY: demo extras vllm real agents gateway sandbox demo-real test test-fast lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,8 +46,21 @@ $(VENV)/.installed-gateway: requirements-gateway.txt $(VENV)/.installed-demo
 	$(BIN)/python -m pip install --quiet -r requirements-gateway.txt
 	touch $@
 
+# bubblewrap (`bwrap`), the sandbox the python_tests environment runs model-written code in
+# (docs/agents.md): a system package, so apt-get installs it when it is missing and make runs as
+# root (CI); anyone else is told the command to run.
+$(VENV)/.installed-sandbox: | $(BIN)/python
+	@command -v bwrap >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && apt-get install -y -qq bubblewrap; \
+		else \
+			echo "make sandbox: 'bwrap' is missing; install bubblewrap (sudo apt-get install bubblewrap, or dnf/pacman install bubblewrap), then run make again" >&2; \
+			exit 1; \
+		fi; }
+	touch $@
+
 $(VENV)/.installed-test: requirements-test.txt $(VENV)/.installed-extras $(VENV)/.installed-vllm $(VENV)/.installed-real $(VENV)/.installed-agents \
-		$(VENV)/.installed-gateway
+		$(VENV)/.installed-gateway $(VENV)/.installed-sandbox
 	$(BIN)/python -m pip install --quiet -r requirements-test.txt
 	touch $@
 
@@ -61,6 +74,8 @@ agents: $(VENV)/.installed-agents
 
 gateway: $(VENV)/.installed-gateway
 
+sandbox: $(VENV)/.installed-sandbox
+
 demo: $(VENV)/.installed-demo
 	$(BIN)/olingo demo $(DEMO_ARGS)
 
@@ -70,6 +85,10 @@ demo-real: $(VENV)/.installed-real
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q
+
+# The inner loop: every test not marked slow (about a minute on 2 cores).
+test-fast: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # Benchmarks are not part of `make test`: they take minutes and want a quiet machine.
 # bench/suite.py builds TRL's own virtual environments under bench/.venvs on first use.
