@@ -74,7 +74,7 @@ class StrictModel(BaseModel):
 
 
 PACKAGED_PREFIX = "packaged:"
-STAGE_PREFIXES = ("experiment", "sft", "rm", "ppo", "grpo", "dpo", "orpo", "kto")  # a packaged file's stage is its name's first word
+STAGE_PREFIXES = ("experiment", "sft", "rm", "ppo", "grpo", "dpo", "orpo", "kto", "eval")  # a packaged file's stage is its name's first word
 
 
 def expand_home(path: str) -> str:

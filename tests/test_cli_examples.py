@@ -320,6 +320,8 @@ def offline_reason(example: Example) -> str | None:
     overrides = example.overrides()
     if not example.stage or "--help" in example.argv:
         return "not a training command (checked above)"
+    if example.stage == "eval":
+        return "an evaluation, not a training command (tests/test_eval.py runs olingo eval)"
     if example.torchrun or overrides.get("plugin.name") in ("ddp", "fsdp"):
         return "needs torchrun (tests/test_distributed.py, tests/test_fsdp.py)"
     if overrides.get("ray.enabled") == "true":

@@ -61,8 +61,8 @@ def test_each_example_is_shown_once_where_its_topic_is(marker, page):
     assert example(marker)[0] == page
 
 
-def test_the_readme_shows_the_demo_from_python():
-    blocks = [code for page, code in python_blocks() if page == "README.md" and "run_dpo_demo(" in code]
+def test_the_demo_page_shows_the_demo_from_python():
+    blocks = [code for page, code in python_blocks() if page == "docs/demo.md" and "run_dpo_demo(" in code]
     assert len(blocks) == 1 and 'run_dpo_demo("runs/demo")' in blocks[0]
 
 
@@ -216,14 +216,14 @@ def test_vllm_engine_example_runs(assets, capsys):
 
 @pytest.mark.slow
 def test_demo_example_runs(tmp_path, monkeypatch, capsys):
-    """The README's demo call, shortened to one epoch per stage (the full demo is
+    """docs/demo.md's call from Python, shortened to one epoch per stage (the full demo is
     tests/test_ppo.py's and tests/test_dpo_cli.py's)."""
-    [code] = [code for page, code in python_blocks() if page == "README.md" and "run_dpo_demo(" in code]
+    [code] = [code for page, code in python_blocks() if page == "docs/demo.md" and "run_dpo_demo(" in code]
     short = 'sft_overrides=["train.epochs=1", "logging.progress=false"], dpo_overrides=["train.epochs=1", "logging.progress=false"]'
     code = code.replace('run_dpo_demo("runs/demo")', f'run_dpo_demo("runs/demo", {short})')
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/demo.md", "exec"), namespace)
     assert "pairs with implicit reward chosen > rejected" in capsys.readouterr().out
     assert len(namespace["result"].sampled) == 2 and len(namespace["result"].greedy) == 2
     assert (tmp_path / "runs" / "demo" / "demo-dpo" / "checkpoints" / "final" / "model" / "model.safetensors").exists()

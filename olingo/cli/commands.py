@@ -133,14 +133,27 @@ def _print_rl_result(result: dict[str, Any]) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from olingo.cli.eval import eval_command
+
+    return eval_command(args)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    from olingo.cli.report import write_report
+    from olingo.cli.report import is_eval_dir, write_eval_report, write_report
     from olingo.cli.report_experiment import is_experiment_dir
     from olingo.cli.report_series import format_summary, summarize
 
     for run_dir in args.run_dirs:
         if is_experiment_dir(run_dir):
             _report_experiment(run_dir, args.smooth)
+            continue
+        if is_eval_dir(run_dir):
+            try:
+                print(write_eval_report(run_dir))
+            except FileNotFoundError as err:
+                print(f"olingo report: {err}", file=sys.stderr)
+                return 2
             continue
         try:
             paths = write_report(run_dir, smooth=args.smooth)

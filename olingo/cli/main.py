@@ -46,7 +46,7 @@ def _debug_requested(argv: list[str]) -> tuple[list[str], bool]:
 
 
 STAGE_COMMANDS = ("sft", "rm", "ppo", "grpo", "dpo", "orpo", "kto")  # the commands a run.resume=last continues
-TORCH_COMMANDS = (*STAGE_COMMANDS, "demo", "experiment")  # the commands that compute with torch (olingo.threads)
+TORCH_COMMANDS = (*STAGE_COMMANDS, "demo", "experiment", "eval")  # the commands that compute with torch (olingo.threads)
 
 
 def _resume_hint(args: argparse.Namespace, argv: list[str], checkpoint: Path | None) -> str:
@@ -64,6 +64,10 @@ def _resume_hint(args: argparse.Namespace, argv: list[str], checkpoint: Path | N
 def main(argv: list[str] | None = None) -> int:
     """Run one olingo command; user errors end in one line on stderr and exit status 2."""
     argv, debug = _debug_requested(sys.argv[1:] if argv is None else list(argv))
+    if argv[:1] == ["eval"]:  # its options may follow its MODEL arguments
+        from olingo.cli.eval import options_first
+
+        argv = options_first(argv)
     threads = prepare_threads(argv)  # before parsing: a stage's parser imports torch, which reads the wait policy once
     args = build_parser().parse_args(argv)
     setup_logging()

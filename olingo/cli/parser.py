@@ -20,6 +20,7 @@ from olingo.cli.commands import (
     checked,
     cmd_configs,
     cmd_demo,
+    cmd_eval,
     cmd_experiment_run,
     cmd_grpo,
     cmd_offline,
@@ -61,6 +62,7 @@ CONFIG_CLASSES = {
     "orpo": ("olingo.recipes.dpo", "ORPOConfig"),
     "kto": ("olingo.recipes.dpo", "KTOConfig"),
     "experiment": ("olingo.experiment.config", "ExperimentConfig"),
+    "eval": ("olingo.eval.config", "EvalConfig"),
 }
 STAGE_SUMMARIES = {
     "sft": "supervised fine-tuning of a causal LM on assistant tokens",
@@ -70,6 +72,7 @@ STAGE_SUMMARIES = {
     "dpo": "offline preference optimisation on chosen/rejected pairs: DPO, cDPO, IPO, SimPO",
     "orpo": "odds-ratio preference optimisation: SFT and preference in one loss, no reference model",
     "kto": "Kahneman-Tversky optimisation on completions labelled desirable or undesirable",
+    "eval": "evaluate models on prompts or an environment: pass@k, maj@k, intervals, paired comparisons",
 }
 HELP_EXAMPLES: dict[str, tuple[HelpExample, ...]] = {
     "sft": (HelpExample("olingo sft --config my.yaml", "sft", ("train.lr=1e-4", "run.name=try2", "data.train=[a.jsonl,b.jsonl]")),),
@@ -100,6 +103,10 @@ HELP_EXAMPLES: dict[str, tuple[HelpExample, ...]] = {
     "kto": (HelpExample(
         "olingo kto", "kto", ("model.path=runs/sft-tiny/checkpoints/final/model", "kto.desirable_weight=1.33", "data.train=[labelled.jsonl]"),
     ),),
+    "eval": (
+        HelpExample("olingo eval builtin:tiny-llama runs/sft-tiny", "eval", ("eval.samples_per_prompt=16", "eval.k=[1,4,16]")),
+        HelpExample("olingo eval runs/grpo-tiny --config my.yaml", "eval", ("environment.name=arithmetic_retry", "eval.accuracy_function=null")),
+    ),
     "experiment run": (HelpExample(
         "olingo experiment run olingo/configs/experiment_sft_lr.yaml", "experiment", ("n_repeats=3", "matrix.base.train.epochs=5", "overwrite=true"),
     ),),
@@ -215,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     stages = (("sft", cmd_sft), ("rm", cmd_rm), ("ppo", cmd_ppo), ("grpo", cmd_grpo), ("dpo", cmd_offline), ("orpo", cmd_offline), ("kto", cmd_offline))
     for name, handler in stages:
         _stage_parser(sub, name, f"{name}_tiny.yaml").set_defaults(handler=checked(handler))
+    _eval_parser(sub)
     _configs_parser(sub)
     _demo_parser(sub)
     _experiment_parser(sub)
@@ -231,6 +239,27 @@ def package_version() -> str:
         return version("olingo")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown (not installed)"
+
+
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
+    """`olingo eval MODEL [MODEL ...] [KEY=VALUE ...]` (olingo/cli/eval.py, docs/eval.md)."""
+    parser = sub.add_parser(
+        "eval", help=STAGE_SUMMARIES["eval"], formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Samples every MODEL on the same prompts with the same seeds (data.prompts, or episodes of environment.name), "
+        "and prints each metric with a bootstrap interval over prompts and each model's paired difference to the first "
+        "with a verdict (better / worse / within noise). Writes <run.output_dir>/<run.name> (or --output): eval.json, "
+        "samples.jsonl, plots/eval.png; rerun the same command to continue a killed eval. docs/eval.md.",
+        lazy=lambda: _stage_parts("eval", "eval_tiny.yaml"),
+    )
+    parser.add_argument("--config", default=None, help="YAML config file, or the name of a packaged one; default: packaged eval_tiny.yaml")
+    parser.add_argument("--output", default=None, help="the eval directory (default: <run.output_dir>/<run.name>)")
+    parser.add_argument("--check", action="store_true", help="validate the config and overrides, print the resolved config and exit (loads no model or data)")
+    parser.add_argument(
+        "items", nargs="*", metavar="MODEL|KEY=VALUE",
+        help="models (HF directory, hub id, GGUF file, builtin: name, run directory or checkpoint directory; the first is the baseline) "
+        "and dotted config overrides",
+    )
+    parser.set_defaults(default_config="eval_tiny.yaml", handler=cmd_eval)
 
 
 def _configs_parser(sub: argparse._SubParsersAction) -> None:

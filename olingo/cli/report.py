@@ -51,7 +51,24 @@ from olingo.cli.report_figures import (
 )
 from olingo.cli.report_series import load_series
 
-__all__ = ["write_report"]
+__all__ = ["is_eval_dir", "write_eval_report", "write_report"]
+
+
+def is_eval_dir(path: str | Path) -> bool:
+    """An `olingo eval` directory (docs/eval.md): `olingo report` draws it with `write_eval_report`."""
+    from olingo.eval.store import is_eval_dir as holds_eval
+
+    return holds_eval(path)
+
+
+def write_eval_report(eval_dir: str | Path) -> str:
+    """Redraw an eval directory's figure (plots/eval.png) from its eval.json; its table and where the figure is."""
+    from olingo.cli.eval import format_eval_table, write_eval_plot
+    from olingo.eval.store import read_result
+
+    result = read_result(eval_dir)
+    path = write_eval_plot(eval_dir, result)
+    return f"{eval_dir}: eval directory; wrote {path}\n{format_eval_table(result)}"
 
 
 def write_report(run_dir: str | Path, *, smooth: int | None = None) -> list[Path]:
