@@ -83,8 +83,9 @@ demo: $(VENV)/.installed-demo
 demo-real: $(VENV)/.installed-real
 	$(BIN)/olingo demo --model smollm2 $(DEMO_ARGS)
 
+# --durations=30: the slowest tests, so a run shows where the suite's time goes.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 # The inner loop: every test not marked slow (about a minute on 2 cores).
 test-fast: $(VENV)/.installed-test

@@ -44,25 +44,6 @@ def test_a_grpo_run_with_an_environment_trains_on_multi_turn_episodes(tmp_path, 
         assert row["rollout/reward_mean"] == pytest.approx(row["rollout/reward/environment"])  # the environment is the only term
 
 
-@pytest.mark.slow
-def test_a_shortened_multi_turn_grpo_run_raises_the_environment_reward(tmp_path, assets):
-    """From a briefly SFT-trained model: the mean episode reward of the last quarter of the run
-    exceeds the first quarter's."""
-    from olingo.config import load_config, packaged_config
-    from olingo.recipes.grpo import GRPOConfig, run_grpo
-    from olingo.recipes.sft import SFTConfig, run_sft
-
-    sft = run_sft(load_config(
-        SFTConfig, packaged_config("sft_tiny.yaml"), [f"run.output_dir={tmp_path}", "run.name=sft", "train.epochs=60", "logging.progress=false"]
-    ))
-    overrides = [*grpo_overrides(tmp_path, "agent", sft["final_model"], 100), "actor_optim.lr=5e-4"]
-    run_grpo(load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), overrides))
-    rows = [r for r in read_jsonl(tmp_path / "agent" / "metrics.jsonl") if r["split"] == "train"]
-    quarter = len(rows) // 4
-    mean = lambda rs: sum(r["rollout/reward_mean"] for r in rs) / len(rs)  # noqa: E731
-    assert mean(rows[-quarter:]) > mean(rows[:quarter]) + 0.04, (mean(rows[:quarter]), mean(rows[-quarter:]))
-
-
 def test_a_ppo_run_with_an_environment_trains_on_multi_turn_episodes(tmp_path, assets):
     """PPO's critic and GAE on multi-turn rows: the run completes and logs the episodes."""
     from olingo.config import load_config, packaged_config
@@ -72,8 +53,8 @@ def test_a_ppo_run_with_an_environment_trains_on_multi_turn_episodes(tmp_path, a
     cfg = load_config(PPOConfig, packaged_config("ppo_tiny.yaml"), [*overrides, f"model.actor={assets.model_dir}", "reward.model=null"])
     result = run_ppo(cfg)
     rows = [r for r in read_jsonl(tmp_path / "agent-ppo" / "metrics.jsonl") if r["split"] == "train"]
-    assert result["steps"] == len(rows) > 0
-    assert all("rollout/turns_per_episode" in r and "train/value_loss" in r for r in rows)
+    assert result["steps"] == len(rows) > 0 and all("train/value_loss" in r for r in rows)
+    assert sum("rollout/turns_per_episode" in r for r in rows) == 2  # once per episode (docs/runs.md)
 
 
 def test_a_run_needs_a_reward_or_an_environment():

@@ -1,6 +1,6 @@
 """`olingo grpo` / `olingo ppo` with an `agent:`: an agent program trained through the gateway by
 the unchanged trainer; failed episodes dropped with their groups; the config's checks; a run
-that raises its reward; a run stopped by Ctrl-C that resumes exactly."""
+that trains as its environment twin does; a run stopped by Ctrl-C that resumes exactly."""
 
 from __future__ import annotations
 
@@ -81,7 +81,8 @@ def test_a_ppo_run_trains_an_agent_program_through_the_gateway(tmp_path, assets)
     cfg = load_config(PPOConfig, packaged_config("ppo_tiny.yaml"), overrides(tmp_path, "ppo", str(assets.model_dir), 1))
     run_ppo(cfg)
     rows = [r for r in read_jsonl(tmp_path / "ppo" / "metrics.jsonl") if r["split"] == "train"]
-    assert rows and all(r["rollout/requests_per_episode"] >= 1.0 for r in rows)
+    episodes = [r for r in rows if "rollout/requests_per_episode" in r]  # once per episode, on its first step's row (docs/runs.md)
+    assert len(episodes) == 1 and episodes[0]["rollout/requests_per_episode"] >= 1.0
 
 
 def test_the_config_names_one_source_and_an_agent_that_imports():
@@ -98,32 +99,25 @@ def test_the_config_names_one_source_and_an_agent_that_imports():
 
 
 @pytest.mark.slow
-def test_a_shortened_grpo_run_through_the_gateway_raises_the_reward_as_the_environment_run_does(tmp_path, assets):
-    """From a briefly SFT-trained model, 100 GRPO steps: the agent program `retry_arithmetic`
-    through the gateway, and the environment `arithmetic_retry` it mirrors. The mean reward of the
-    last quarter exceeds the first quarter's; and the two runs are one computation: the agent
-    ends an episode at a turn cut at 8 tokens as the environment does, so the rows are the same
-    token for token, and every metric both log (timings aside) and every final weight are equal
-    (== and torch.equal: the same code path on the same machine)."""
+def test_a_grpo_run_through_the_gateway_trains_as_the_environment_run_does(tmp_path, assets):
+    """12 GRPO steps of the agent program `retry_arithmetic` through the gateway, and of the
+    environment `arithmetic_retry` it mirrors, are one computation: the agent ends an episode at a
+    turn cut at 8 tokens as the environment does, so the rows are the same token for token, and
+    every metric both log (timings aside) and every final weight are equal (== and torch.equal:
+    the same code path on the same machine). So the environment recipe's learning curve
+    (bench/learning.py, over seeds and CPU kernel paths) is the gateway's too."""
     from olingo.config import load_config, packaged_config
     from olingo.recipes.grpo import GRPOConfig, run_grpo
-    from olingo.recipes.sft import SFTConfig, run_sft
 
-    sft = run_sft(load_config(
-        SFTConfig, packaged_config("sft_tiny.yaml"), [f"run.output_dir={tmp_path}", "run.name=sft", "train.epochs=60", "logging.progress=false"]
-    ))
-    args = [*overrides(tmp_path, "agent", sft["final_model"], 100), "actor_optim.lr=5e-4"]
+    args = [*overrides(tmp_path, "agent", str(assets.model_dir), 12), "actor_optim.lr=5e-4"]
     run_grpo(load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), args))
     environment = [a for a in args if not a.startswith(("agent.", "run.name"))]
     environment += ["run.name=environment", "environment.name=arithmetic_retry", "environment.max_turns=2", "environment.max_new_tokens=8"]
     run_grpo(load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), environment))
     rows, twins = ([r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if r["split"] == "train"] for name in ("agent", "environment"))
-    quarter = len(rows) // 4
-    mean = lambda rs: sum(r["rollout/reward_mean"] for r in rs) / len(rs)  # noqa: E731
-    assert mean(rows[-quarter:]) > mean(rows[:quarter]) + 0.04, (mean(rows[:quarter]), mean(rows[-quarter:]))
     timing = lambda key: key.startswith(("time", "perf/")) or key.endswith("_seconds")  # noqa: E731
     shared = [k for k in rows[0].keys() & twins[0].keys() if not timing(k)]
-    assert len(rows) == len(twins) == 100 and "rollout/reward_mean" in shared and "train/policy_loss" in shared
+    assert len(rows) == len(twins) == 12 and "rollout/reward_mean" in shared and "train/policy_loss" in shared
     assert sum(r["rollout/truncated_episodes"] for r in rows) > 0  # cut turns happen, and the twins agree on them
     assert [{k: r[k] for k in shared} for r in rows] == [{k: r[k] for k in shared} for r in twins]
     weights = [load_file(tmp_path / name / "checkpoints" / "final" / "actor" / "model.safetensors") for name in ("agent", "environment")]

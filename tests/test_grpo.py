@@ -134,8 +134,10 @@ def test_hook_order_metrics_and_checkpoints_without_critic(assets, tok, tmp_path
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 9))
     for name in ("rollout/reward_mean", "rollout/group_reward_std", "rollout/kl", "rollout/response_length", "rollout/reward/varied_reward",
-                 "train/policy_loss", "train/kl_loss", "train/clipfrac", "train/clipfrac_high", "train/approx_kl", "train/entropy",
-                 "train/ratio_max", "train/actor_grad_norm", "perf/tokens_per_s", "time/make_experience", "time/learn"):
+                 "perf/tokens_per_s", "time/make_experience"):  # once per episode, on its first step's row (docs/runs.md)
+        assert name in rows[4] and name not in rows[-1], name
+    for name in ("train/policy_loss", "train/kl_loss", "train/clipfrac", "train/clipfrac_high", "train/approx_kl", "train/entropy",
+                 "train/ratio_max", "train/actor_grad_norm", "time/learn"):
         assert name in rows[-1], name
     assert "train/value_loss" not in rows[-1]
     final = tmp_path / "checkpoints" / "final"
@@ -196,29 +198,6 @@ def test_checkpoint_restores_the_policy_and_prompt_position(assets, tok, tmp_pat
         assert torch.equal(fresh.actor.state_dict()[k], v), k
     assert fresh.state.step == trainer.state.step and fresh.start_episode == 1
     assert fresh._pending_loader_states["prompts"] == trainer.prompts.state_dict()
-
-
-@pytest.mark.slow
-def test_shortened_grpo_run_raises_the_verifier_reward(tmp_path, assets):
-    """GRPO from a briefly SFT-trained model on the embedded task: the checked reward rises
-    (measured here: 0.405 -> 0.502 over the first and last quarter of 150 episodes)."""
-    from olingo.config import load_config, packaged_config
-    from olingo.recipes.grpo import GRPOConfig, run_grpo
-    from olingo.recipes.sft import SFTConfig, run_sft
-
-    sft = run_sft(load_config(
-        SFTConfig, packaged_config("sft_tiny.yaml"), [f"run.output_dir={tmp_path}", "run.name=sft", "train.epochs=60", "logging.progress=false"]
-    ))
-    cfg = load_config(GRPOConfig, packaged_config("grpo_tiny.yaml"), [
-        f"run.output_dir={tmp_path}", "run.name=grpo", f"model.actor={sft['final_model']}", "loop.episodes=150", "loop.update_steps=1",
-        "actor_optim.lr=5e-4", "loop.eval_interval=0",
-        "loop.save_interval=0", "data.eval_prompts=[]", "logging.progress=false",
-    ])
-    run_grpo(cfg)
-    rows = [r for r in read_jsonl(tmp_path / "grpo" / "metrics.jsonl") if r["split"] == "train"]
-    quarter = len(rows) // 4
-    mean = lambda rs: sum(r["rollout/reward_mean"] for r in rs) / len(rs)  # noqa: E731
-    assert mean(rows[-quarter:]) > mean(rows[:quarter]) + 0.04, (mean(rows[:quarter]), mean(rows[-quarter:]))
 
 
 # ---- the CLI: kill and resume --------------------------------------------------------------------

@@ -12,8 +12,9 @@ prompts, sampling at the rollout temperature with the same random draws for all 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,14 @@ class DemoResult:
     grpo_greedy: float
     temperature: float
     plots: list[str]
+
+    @classmethod
+    def load(cls, output_dir: str | Path) -> DemoResult:
+        """The result a finished `olingo demo --output-dir output_dir` wrote (`demo.json`)."""
+        return cls(**json.loads((Path(output_dir) / DEMO_JSON).read_text()))
+
+
+DEMO_JSON = "demo.json"  # the table's numbers and the run directories, beside the runs
 
 
 def run_demo(
@@ -96,6 +105,7 @@ def run_demo(
         temperature=ppo_cfg.generation.temperature,
         plots=plots,
     )
+    (Path(output_dir) / DEMO_JSON).write_text(json.dumps(asdict(result), indent=1) + "\n")
     if print_table:
         print_demo_table(result)
     return result
