@@ -87,7 +87,7 @@ demo-real: $(VENV)/.installed-real
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q --durations=30
 
-# The inner loop: every test not marked slow (about a minute on 2 cores).
+# The inner loop: every test not marked slow (about 2 minutes on 2 cores, collection included).
 test-fast: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m "not slow"
 
